@@ -1,0 +1,206 @@
+"""Typed schemas for every Hydra config group.
+
+Each group (`conf/<group>/*.yaml`) fills one dataclass below; the root schema
+`RunConfig` (shared by the RL and SFT entry points) is registered in Hydra's
+ConfigStore, so a misspelt key or a value of the wrong type fails at composition
+time, naming the key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class PathsConfig:
+    # Everything the toolkit writes (corpus cache, checkpoints, MLflow store) lives here.
+    output_root: str = "outputs"
+
+
+@dataclass
+class CorpusConfig:
+    """The embedded demo corpus synthesized with eSpeak NG."""
+    seed: int = 0
+    num_train: int = 2000
+    num_dev: int = 200
+    num_test: int = 200
+    zh_fraction: float = 0.4          # share of Mandarin utterances
+    long_fraction: float = 0.06       # share of long-form (8-15 s) utterances
+    noise_snr_db_min: float = 25.0    # light additive noise, SNR range in dB
+    noise_snr_db_max: float = 40.0
+    sample_rate: int = 16000
+    workers: int = 2
+
+
+@dataclass
+class DataConfig:
+    # Manifests (JSON lines: id, audio, text, language, keywords, duration). When left
+    # empty, the embedded corpus is synthesized (cached by a content hash) and used.
+    train_manifest: str = ""
+    dev_manifest: str = ""
+    test_manifest: str = ""
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    sample_rate: int = 16000
+    max_duration_s: float = 30.0      # longer audio is rejected as absurd
+    min_duration_s: float = 0.1
+    on_bad_audio: str = "error"       # "error": fail naming file+line; "skip": skip and count
+
+
+@dataclass
+class ModelConfig:
+    # An HF folder (save_pretrained layout, processor included). Empty: build the tiny
+    # model from the fields below. The RL run points this at the SFT checkpoint.
+    path: str = ""
+    freeze_audio_encoder: bool = True
+    dtype: str = "float32"
+    # Tiny Qwen3-ASR architecture, used when building from config.
+    encoder_layers: int = 4
+    encoder_d_model: int = 192
+    encoder_heads: int = 4
+    encoder_ffn_dim: int = 768
+    encoder_downsample_hidden: int = 64
+    text_layers: int = 4
+    text_hidden: int = 256
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    text_intermediate: int = 768
+    max_position_embeddings: int = 2048
+    # Tokenizer trained locally on the corpus text.
+    tokenizer_vocab_size: int = 1200
+
+
+@dataclass
+class SFTConfig:
+    output_dir: str = "${paths.output_root}/checkpoints/sft-tiny"
+    max_minutes: float = 18.0
+    max_steps: int = 100000
+    batch_size: int = 24
+    max_batch_seconds: float = 90.0   # padded audio seconds per batch (size x longest)
+    lr: float = 1.5e-3
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.01
+    warmup_steps: int = 150
+    grad_clip: float = 1.0
+    # Auxiliary CTC loss on the adapter output (head dropped after SFT): it makes the
+    # decoder start listening to the audio early instead of memorising text.
+    ctc_weight: float = 0.3
+    eval_every_steps: int = 400
+    eval_batch_size: int = 32
+    eval_max_utterances: int = 200
+    num_threads: int = 2
+    max_new_tokens: int = 96
+    seed: int = 0
+
+
+@dataclass
+class PlacementConfig:
+    name: str = "colocate"            # colocate | separate
+    colocate: bool = True
+    num_nodes: int = 1
+    gpus_per_node: int = 2            # logical GPUs on CPU machines (Ray custom count)
+    use_logical_gpus: bool = True     # declare logical GPU resources on CPU-only hosts
+    actor_gpus: float = 0.75          # fraction per actor rank when colocated
+    ref_gpus: float = 0.25
+    critic_gpus: float = 0.75
+    reward_gpus: float = 0.25
+    rollout_gpus: float = 0.25
+    actor_num_ranks: int = 1
+    rollout_num_workers: int = 1
+    reward_num_workers: int = 1
+    ray_address: str = ""             # "" = start a local Ray; else ray.init(address=...)
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"                # grpo | ppo
+    advantage_estimator: str = "group_norm"   # group_norm | rloo | reinforce_baseline | gae
+    n_samples_per_prompt: int = 8
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.01
+    kl_estimator: str = "k3"          # k1 | k2 | k3
+    kl_in_reward: bool = False        # False: KL as a loss term (GRPO style)
+    eps_clip_low: float = 0.2
+    eps_clip_high: float = 0.28
+    dual_clip: Optional[float] = 3.0
+    value_clip: float = 0.2
+    loss_agg: str = "token_mean"      # token_mean | seq_mean_token_mean | seq_mean_token_sum
+    entropy_coef: float = 0.0
+    use_critic: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 96
+
+
+@dataclass
+class OverlapConfig:
+    mode: str = "none"                # none | intra | inter | oppo
+    chunk_size: int = 16
+    chunk_candidates: list[int] = field(default_factory=lambda: [8, 16, 32])
+    chunk_trial_period: int = 20      # every P steps, trial each candidate for a step
+    delta_init: int = 0
+    delta_min: int = 0
+    delta_max: int = 4
+    delta_inc: int = 1
+    delta_dec: int = 1
+    delta_window: int = 5
+    delta_rule: str = "additive"      # additive | proportional (max(1, floor(Δ/4)))
+    stale_is_correction: bool = False
+    stale_is_clip: float = 2.0
+
+
+@dataclass
+class RewardConfig:
+    # A Python file defining reward_func(queries, prompts, labels, **kwargs).
+    # Empty: the built-in ASR reward file shipped with the package.
+    reward_file: str = ""
+    weights: dict[str, float] = field(default_factory=lambda: {
+        "cer": 1.0, "keyword": 0.3, "language": 0.2, "smoothness": 0.2})
+    smoothness_scorer: str = "rule"   # rule | lm
+    timeout_s: float = 30.0
+    on_bad_reward: str = "error"      # error | drop
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 100
+    prompts_per_step: int = 8         # B, in prompt groups
+    train_epochs: int = 1
+    micro_batch_size: int = 16
+    grad_accum_steps: int = 1
+    lr: float = 2e-5
+    critic_lr: float = 1e-4
+    lr_warmup_steps: int = 5
+    lr_scheduler: str = "constant_with_warmup"
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    zero_stage: int = 1
+    num_threads: int = 1
+    eval_every: int = 10
+    eval_max_utterances: int = 200
+    save_every: int = 20
+    resume: bool = False
+    output_dir: str = "${paths.output_root}/checkpoints/rl"
+
+
+@dataclass
+class LoggerConfig:
+    tracking_uri: str = "sqlite:///${paths.output_root}/mlflow.db"
+    experiment_name: str = "asr-grpo"
+    run_name: str = ""
+    log_system_metrics: bool = False
+
+
+@dataclass
+class RunConfig:
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0

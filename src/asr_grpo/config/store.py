@@ -1,0 +1,16 @@
+"""Register the schemas with Hydra's ConfigStore: each `conf/<group>/*.yaml` is merged
+into its typed node, so unknown keys and wrong types fail before anything starts."""
+from __future__ import annotations
+
+from hydra.core.config_store import ConfigStore
+
+from pathlib import Path
+
+from asr_grpo.config.schema import RunConfig
+
+# conf/ sits at the repository root (editable install); entry points point Hydra here.
+CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)

@@ -1,0 +1,43 @@
+"""Greedy transcription and held-out error rates (shared by SFT and RL evaluation)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from asr_grpo.models import decode_responses, encode_requests
+from asr_grpo.rewards.text import error_rates_by_language
+
+
+@torch.no_grad()
+def transcribe(model, processor, audios: Sequence[np.ndarray], languages: Sequence[str],
+               batch_size: int = 32, max_new_tokens: int = 96) -> list[str]:
+    """Greedy decoding, batched by similar length (order of the result = order of input)."""
+    was_training = model.training
+    model.eval()
+    order = np.argsort([len(a) for a in audios], kind="stable")
+    out: list[str] = [""] * len(audios)
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        batch = encode_requests(processor, [audios[i] for i in idx], [languages[i] for i in idx])
+        generated = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
+        texts = decode_responses(processor, generated[:, batch["input_ids"].shape[1]:])
+        for i, text in zip(idx, texts):
+            out[i] = text.strip()
+    model.train(was_training)
+    return out
+
+
+def evaluate_dataset(model, processor, dataset, max_utterances: int | None = None,
+                     batch_size: int = 32, max_new_tokens: int = 96) -> tuple[dict[str, float], list[dict]]:
+    """CER/WER overall and per language on the first `max_utterances` of `dataset`."""
+    n = len(dataset) if not max_utterances else min(len(dataset), max_utterances)
+    items = [dataset[i] for i in range(n)]
+    hyps = transcribe(model, processor, [it["audio"] for it in items], [it["language"] for it in items],
+                      batch_size=batch_size, max_new_tokens=max_new_tokens)
+    refs = [it["text"] for it in items]
+    langs = [it["language"] for it in items]
+    rows = [{"id": it["id"], "language": it["language"], "ref": r, "hyp": h}
+            for it, r, h in zip(items, refs, hyps)]
+    return error_rates_by_language(hyps, refs, langs), rows

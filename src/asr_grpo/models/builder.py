@@ -1,0 +1,115 @@
+"""Build the speech LLM (Qwen3-ASR: audio encoder + adapter + causal LM) from config,
+or load any Qwen3-ASR HF folder (a real checkpoint loads through the same path)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers import (
+    Qwen3ASRConfig,
+    Qwen3ASRFeatureExtractor,
+    Qwen3ASRForConditionalGeneration,
+    Qwen3ASRProcessor,
+)
+
+from asr_grpo.config.schema import ModelConfig
+from asr_grpo.models.tokenizer import AUDIO_PAD, IM_END, PAD_TOKEN
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    total: int
+    trainable: int
+    frozen: int
+    audio_encoder: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"params/total": self.total, "params/trainable": self.trainable,
+                "params/frozen": self.frozen, "params/audio_encoder": self.audio_encoder}
+
+
+def build_processor(tokenizer) -> Qwen3ASRProcessor:
+    return Qwen3ASRProcessor(
+        feature_extractor=Qwen3ASRFeatureExtractor(),
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+    )
+
+
+def tiny_config(cfg: ModelConfig, tokenizer) -> Qwen3ASRConfig:
+    """A Qwen3-ASR config scaled down to a few million parameters."""
+    ids = tokenizer.convert_tokens_to_ids
+    return Qwen3ASRConfig(
+        audio_config={
+            "model_type": "qwen3_asr_encoder",
+            "encoder_layers": cfg.encoder_layers,
+            "d_model": cfg.encoder_d_model,
+            "encoder_attention_heads": cfg.encoder_heads,
+            "encoder_ffn_dim": cfg.encoder_ffn_dim,
+            "downsample_hidden_size": cfg.encoder_downsample_hidden,
+            "output_dim": cfg.text_hidden,
+        },
+        text_config={
+            "model_type": "qwen3",
+            "vocab_size": len(tokenizer),
+            "hidden_size": cfg.text_hidden,
+            "intermediate_size": cfg.text_intermediate,
+            "num_hidden_layers": cfg.text_layers,
+            "num_attention_heads": cfg.text_heads,
+            "num_key_value_heads": cfg.text_kv_heads,
+            "head_dim": cfg.text_hidden // cfg.text_heads,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "tie_word_embeddings": True,
+            "pad_token_id": ids(PAD_TOKEN),
+            "eos_token_id": ids(IM_END),
+        },
+        audio_token_id=ids(AUDIO_PAD),
+        pad_token_id=ids(PAD_TOKEN),
+        eos_token_id=[ids(IM_END), ids(PAD_TOKEN)],
+        # Only read by the forced-aligner head; point it at a real token.
+        timestamp_token_id=ids(PAD_TOKEN),
+    )
+
+
+def build_model(cfg: ModelConfig, tokenizer, seed: int = 0) -> Qwen3ASRForConditionalGeneration:
+    torch.manual_seed(seed)
+    model = Qwen3ASRForConditionalGeneration(tiny_config(cfg, tokenizer))
+    _set_generation_defaults(model, tokenizer)
+    return model.to(getattr(torch, cfg.dtype))
+
+
+def load_model(path: str, dtype: str = "float32"):
+    """Load model + processor from an HF folder (ours or a real Qwen3-ASR checkpoint)."""
+    processor = Qwen3ASRProcessor.from_pretrained(path)
+    model = Qwen3ASRForConditionalGeneration.from_pretrained(path, dtype=getattr(torch, dtype))
+    _set_generation_defaults(model, processor.tokenizer)
+    return model, processor
+
+
+def _set_generation_defaults(model, tokenizer) -> None:
+    gen = model.generation_config
+    gen.pad_token_id = tokenizer.pad_token_id
+    gen.eos_token_id = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.pad_token_id]
+    gen.bos_token_id = None
+
+
+def audio_encoder(model: Qwen3ASRForConditionalGeneration) -> torch.nn.Module:
+    return model.model.audio_tower
+
+
+def set_audio_encoder_frozen(model: Qwen3ASRForConditionalGeneration, frozen: bool) -> ParameterCounts:
+    """Freeze (or unfreeze) the audio encoder; the adapter and the LM stay trainable."""
+    for p in audio_encoder(model).parameters():
+        p.requires_grad_(not frozen)
+    return parameter_counts(model)
+
+
+def parameter_counts(model: Qwen3ASRForConditionalGeneration) -> ParameterCounts:
+    # Tied embeddings appear once in parameters(), so nothing is double counted.
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    enc = sum(p.numel() for p in audio_encoder(model).parameters())
+    return ParameterCounts(total=total, trainable=trainable, frozen=total - trainable, audio_encoder=enc)

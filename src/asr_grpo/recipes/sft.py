@@ -1,0 +1,185 @@
+"""SFT warm start: train the tiny Qwen3-ASR on the corpus, save an HF checkpoint with
+its dev CER/WER. Lifecycle: setup -> train -> evaluate -> save."""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from tqdm import tqdm
+from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+from asr_grpo.config.schema import RunConfig
+from asr_grpo.data import AsrDataset, resolve_manifests
+from asr_grpo.evaluation import evaluate_dataset
+from asr_grpo.models import (
+    IGNORE_INDEX,
+    build_model,
+    build_processor,
+    encode_supervised,
+    parameter_counts,
+    save_hf_checkpoint,
+    train_tokenizer,
+)
+from asr_grpo.recipes.batching import length_grouped_batches
+from asr_grpo.tracking import MlflowRun
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class CTCHead(torch.nn.Module):
+    """Linear projection of adapter frames to vocab + blank; used only during SFT."""
+
+    def __init__(self, hidden: int, vocab_size: int):
+        super().__init__()
+        self.blank = vocab_size
+        self.proj = torch.nn.Linear(hidden, vocab_size + 1)
+
+    def loss(self, frames: torch.Tensor, frame_lens: torch.Tensor, labels: torch.Tensor,
+             eos_id: int) -> torch.Tensor:
+        # Targets: the transcript tokens (labels without the ignore index and the EOS).
+        targets = [row[(row != IGNORE_INDEX) & (row != eos_id)] for row in labels]
+        target_lens = torch.tensor([len(t) for t in targets])
+        logp = F.log_softmax(self.proj(frames), dim=-1)
+        # frames arrive flattened over the batch: split per utterance and pad to [T, B, V].
+        per_utt = torch.split(logp, frame_lens.tolist())
+        padded = torch.nn.utils.rnn.pad_sequence(per_utt)
+        return F.ctc_loss(padded, torch.cat(targets), frame_lens, target_lens,
+                          blank=self.blank, reduction="mean", zero_infinity=True)
+
+
+class SFTRecipe:
+    def __init__(self, cfg: RunConfig | DictConfig):
+        self.cfg = cfg
+        self.output_root = Path(cfg.paths.output_root)
+
+    # ---- setup -------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        seed_everything(cfg.sft.seed)
+        torch.set_num_threads(cfg.sft.num_threads)
+        manifests = resolve_manifests(cfg.data, self.output_root)
+        self.train_set = AsrDataset(manifests.train, cfg.data)
+        self.dev_set = AsrDataset(manifests.dev, cfg.data)
+        texts = [u.text for u in self.train_set.utterances]
+        self.tokenizer = train_tokenizer(texts, cfg.model.tokenizer_vocab_size)
+        self.processor = build_processor(self.tokenizer)
+        self.model = build_model(cfg.model, self.tokenizer, seed=cfg.sft.seed)
+        self.model.train()
+        self.counts = parameter_counts(self.model)
+        self.eos_id = self.tokenizer.eos_token_id
+        hidden = self.model.config.text_config.hidden_size
+        self.ctc = CTCHead(hidden, len(self.tokenizer)) if cfg.sft.ctc_weight > 0 else None
+        params = list(self.model.parameters()) + (list(self.ctc.parameters()) if self.ctc else [])
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
+        self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+            self.optimizer, num_warmup_steps=cfg.sft.warmup_steps, num_training_steps=cfg.sft.max_steps,
+            min_lr_rate=cfg.sft.min_lr_ratio)
+        self._audio_cache: dict[int, dict] = {}
+        log.info("model parameters: %s", self.counts)
+
+    def _item(self, i: int) -> dict:
+        # Audio is decoded once and kept: the corpus is small and epochs repeat it.
+        if i not in self._audio_cache:
+            self._audio_cache[i] = self.train_set[i]
+        return self._audio_cache[i]
+
+    # ---- one step ------------------------------------------------------------------------
+    def _loss(self, items: list[dict]) -> tuple[torch.Tensor, dict[str, float]]:
+        batch = encode_supervised(self.processor, [it["audio"] for it in items],
+                                  [it["language"] for it in items], [it["text"] for it in items])
+        model = self.model
+        embeds = model.get_input_embeddings()(batch["input_ids"])
+        frames = model.get_audio_features(batch["input_features"], batch["input_features_mask"],
+                                          return_dict=True).pooler_output
+        audio_mask = batch["input_ids"] == model.config.audio_token_id
+        embeds = embeds.masked_scatter(audio_mask.unsqueeze(-1), frames.to(embeds.dtype))
+        out = model(inputs_embeds=embeds, attention_mask=batch["attention_mask"], labels=batch["labels"])
+        metrics = {"loss/lm": out.loss.item()}
+        loss = out.loss
+        if self.ctc is not None:
+            ctc = self.ctc.loss(frames, audio_mask.sum(dim=1), batch["labels"], self.eos_id)
+            loss = loss + self.cfg.sft.ctc_weight * ctc
+            metrics["loss/ctc"] = ctc.item()
+        metrics["loss/total"] = loss.item()
+        return loss, metrics
+
+    # ---- train ---------------------------------------------------------------------------
+    def train(self, tracker: MlflowRun) -> dict[str, float]:
+        cfg = self.cfg.sft
+        rng = np.random.default_rng(cfg.seed)
+        durations = [u.duration for u in self.train_set.utterances]
+        deadline = time.monotonic() + cfg.max_minutes * 60
+        start = time.monotonic()
+        step, epoch = 0, 0
+        bar = tqdm(total=cfg.max_steps, desc="sft", dynamic_ncols=True)
+        last_eval: dict[str, float] = {}
+        while step < cfg.max_steps and time.monotonic() < deadline:
+            for idx in length_grouped_batches(durations, cfg.batch_size, cfg.max_batch_seconds, rng):
+                loss, metrics = self._loss([self._item(i) for i in idx])
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                self.optimizer.step()
+                self.scheduler.step()
+                step += 1
+                metrics.update({"charts/lr": self.scheduler.get_last_lr()[0], "charts/epoch": epoch,
+                                "charts/grad_norm": float(grad_norm),
+                                "perf/steps_per_s": step / (time.monotonic() - start)})
+                tracker.log_metrics(metrics, step=step)
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics['loss/lm']:.3f}", cer=last_eval.get("cer", float("nan")))
+                if cfg.eval_every_steps and step % cfg.eval_every_steps == 0:
+                    last_eval = self.evaluate(max_utterances=cfg.eval_max_utterances)
+                    tracker.log_metrics({f"eval/{k}": v for k, v in last_eval.items()}, step=step)
+                if step >= cfg.max_steps or time.monotonic() >= deadline:
+                    break
+            epoch += 1
+        bar.close()
+        self.steps_done = step
+        self.train_seconds = time.monotonic() - start
+        return {"steps": step, "train_seconds": self.train_seconds}
+
+    def evaluate(self, max_utterances: int | None = None) -> dict[str, float]:
+        metrics, self.last_eval_rows = evaluate_dataset(
+            self.model, self.processor, self.dev_set, max_utterances=max_utterances,
+            batch_size=self.cfg.sft.eval_batch_size, max_new_tokens=self.cfg.sft.max_new_tokens)
+        return metrics
+
+    # ---- save ----------------------------------------------------------------------------
+    def save(self, dev_metrics: dict[str, float]) -> Path:
+        meta = {"stage": "sft", "steps": self.steps_done, "train_seconds": round(self.train_seconds, 1),
+                "dev": dev_metrics, **self.counts.as_dict()}
+        path = save_hf_checkpoint(self.model, self.processor, self.cfg.sft.output_dir, meta)
+        (path / "dev_transcripts.jsonl").write_text(
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.last_eval_rows))
+        return path
+
+
+def run_sft(cfg: RunConfig | DictConfig) -> dict:
+    """Full SFT stage; returns the summary (dev metrics, timings, checkpoint path)."""
+    recipe = SFTRecipe(cfg)
+    t0 = time.monotonic()
+    with MlflowRun(cfg.logger, run_name="sft", config=cfg, tags={"stage": "sft"}) as tracker:
+        recipe.setup()
+        tracker.log_metrics({k: float(v) for k, v in recipe.counts.as_dict().items()}, step=0)
+        timings = recipe.train(tracker)
+        dev = recipe.evaluate()
+        tracker.log_metrics({f"eval/{k}": v for k, v in dev.items()}, step=recipe.steps_done)
+        path = recipe.save(dev)
+        summary = {"checkpoint": str(path), "dev": dev, **timings, **recipe.counts.as_dict(),
+                   "total_seconds": time.monotonic() - t0, "mlflow_run_id": tracker.run_id}
+        tracker.log_summary(summary)
+    return summary

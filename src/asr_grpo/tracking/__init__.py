@@ -1,0 +1,4 @@
+"""Experiment tracking: MLflow runs, timers."""
+from asr_grpo.tracking.mlflow_run import MlflowRun, absolute_tracking_uri, flatten_config
+
+__all__ = ["MlflowRun", "absolute_tracking_uri", "flatten_config"]

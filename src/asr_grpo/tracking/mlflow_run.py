@@ -1,0 +1,89 @@
+"""MLflow tracking for every run: flattened config as params, namespaced metrics,
+config + summary as artifacts. Local SQLite store under outputs/ by default."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import mlflow
+from omegaconf import DictConfig, OmegaConf
+
+from asr_grpo.config.schema import LoggerConfig
+
+log = logging.getLogger(__name__)
+
+# MLflow caps a param value at 6000 chars; long lists are truncated, the full config is an artifact.
+_MAX_PARAM_LEN = 500
+
+
+def flatten_config(cfg: DictConfig | Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    flat: dict[str, str] = {}
+    for key, value in container.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, prefix=f"{name}."))
+        else:
+            flat[name] = str(value)[:_MAX_PARAM_LEN]
+    return flat
+
+
+def _ensure_sqlite_parent(uri: str) -> None:
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+
+
+def absolute_tracking_uri(uri: str) -> str:
+    """sqlite:///relative/path -> sqlite:////abs/path so runs land in one store whatever the cwd."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + os.path.abspath(uri[len("sqlite:///"):])
+    return uri
+
+
+class MlflowRun:
+    """One MLflow run as a context manager; `log_metrics` drops non-finite values loudly."""
+
+    def __init__(self, logger_cfg: LoggerConfig, run_name: str, config: DictConfig | None = None,
+                 tags: Mapping[str, str] | None = None):
+        self.cfg = logger_cfg
+        self.run_name = logger_cfg.run_name or run_name
+        self.config = config
+        self.tags = dict(tags or {})
+        self.run = None
+
+    def __enter__(self) -> "MlflowRun":
+        uri = absolute_tracking_uri(self.cfg.tracking_uri)
+        _ensure_sqlite_parent(uri)
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment(self.cfg.experiment_name)
+        self.run = mlflow.start_run(run_name=self.run_name, tags=self.tags,
+                                    log_system_metrics=self.cfg.log_system_metrics)
+        if self.config is not None:
+            mlflow.log_params(flatten_config(self.config))
+            mlflow.log_text(OmegaConf.to_yaml(self.config, resolve=True), "config.yaml")
+        log.info("MLflow run %s (%s) in %s", self.run.info.run_id, self.run_name, uri)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        mlflow.end_run(status="FAILED" if exc_type else "FINISHED")
+
+    @property
+    def run_id(self) -> str:
+        return self.run.info.run_id
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        clean = {}
+        for key, value in metrics.items():
+            value = float(value)
+            if math.isfinite(value):
+                clean[key] = value
+            else:
+                log.warning("metric %s=%s at step %d is not finite; not logged", key, value, step)
+        mlflow.log_metrics(clean, step=step)
+
+    def log_summary(self, summary: Mapping[str, Any], name: str = "summary.json") -> None:
+        mlflow.log_text(json.dumps(summary, indent=2, sort_keys=True, default=str), name)
