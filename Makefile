@@ -1,0 +1,34 @@
+# The README's commands. `make help` lists them.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch first, pinned to the CPU wheel on disk: an unpinned torch pulls a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
+
+.PHONY: help install run sft test test-fast clean-outputs
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed  ## create .venv with torch (CPU) and the project
+
+run: install  ## the main job on the embedded default (corpus + SFT warm start on first use)
+	$(PY) -m asr_grpo.sft
+
+sft: install  ## SFT warm start only: corpus + tiny Qwen3-ASR, prints dev CER
+	$(PY) -m asr_grpo.sft
+
+test: install  ## the full test suite (slow tests included), as CI runs it
+	$(PY) -m pytest -q
+
+test-fast: install  ## the suite without slow multi-process tests
+	$(PY) -m pytest -q -m "not slow"
+
+clean-outputs:  ## remove corpus cache, checkpoints, MLflow store
+	find outputs -mindepth 1 ! -name .gitignore -exec rm -rf {} +

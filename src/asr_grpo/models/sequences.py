@@ -1,0 +1,98 @@
+"""Packing prompt + response token sequences (with their audio) into model batches, and
+scoring them: response log-probs (actor, reference) share this one forward path.
+
+Layout (as in OpenRLHF): prompts left-padded to P, responses right-padded to T, so
+response token j of every row sits at column P + j and is predicted by column P + j - 1.
+Position ids come from the attention mask, so padding never shifts positions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from asr_grpo.algorithms import logprobs_from_logits
+
+# The encoder processes audio in chunks of 2 * n_window = 100 mel frames.
+FEATURE_CHUNK = 100
+
+
+@dataclass
+class AudioFeatures:
+    """Log-mel features of one utterance as the feature extractor gave them alone."""
+    features: torch.Tensor   # [128, F], F a multiple of FEATURE_CHUNK
+    mask: torch.Tensor       # [F] (1 = real frame)
+
+
+def extract_features(processor, audio: np.ndarray) -> AudioFeatures:
+    out = processor.feature_extractor([audio], sampling_rate=16000, return_attention_mask=True,
+                                      padding=True, return_tensors="pt")
+    return AudioFeatures(out["input_features"][0], out["attention_mask"][0].long())
+
+
+def stack_features(feats: Sequence[AudioFeatures]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad with whole zero chunks: a chunk with no real frame is dropped by the encoder,
+    so each utterance encodes exactly as it does alone."""
+    longest = max(f.features.shape[1] for f in feats)
+    longest = -(-longest // FEATURE_CHUNK) * FEATURE_CHUNK
+    x = torch.zeros(len(feats), feats[0].features.shape[0], longest, dtype=feats[0].features.dtype)
+    m = torch.zeros(len(feats), longest, dtype=torch.long)
+    for i, f in enumerate(feats):
+        x[i, :, :f.features.shape[1]] = f.features
+        m[i, :f.mask.shape[0]] = f.mask
+    return x, m
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+@dataclass
+class SequenceBatch:
+    input_ids: torch.Tensor          # [B, P + T]
+    attention_mask: torch.Tensor     # [B, P + T]
+    position_ids: torch.Tensor       # [B, P + T]
+    input_features: torch.Tensor     # [B, 128, F]
+    input_features_mask: torch.Tensor
+    response_ids: torch.Tensor       # [B, T]
+    response_mask: torch.Tensor      # [B, T] float
+    prompt_width: int                # P
+
+    def model_inputs(self) -> dict:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
+                "position_ids": self.position_ids, "input_features": self.input_features,
+                "input_features_mask": self.input_features_mask}
+
+
+def pack_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                   features: Sequence[AudioFeatures], pad_id: int) -> SequenceBatch:
+    P = max(len(p) for p in prompts)
+    T = max(1, max(len(r) for r in responses))
+    B = len(prompts)
+    ids = torch.full((B, P + T), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, P + T), dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        ids[i, P - len(p):P] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[i, P - len(p):P] = 1
+        if len(r):
+            ids[i, P:P + len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+            mask[i, P:P + len(r)] = 1
+    feats, feat_mask = stack_features(features)
+    return SequenceBatch(ids, mask, positions_from_mask(mask), feats, feat_mask,
+                         ids[:, P:].clone(), mask[:, P:].float(), P)
+
+
+def response_logits(model, batch: SequenceBatch) -> torch.Tensor:
+    """Logits [B, T, V] that predict each response token."""
+    out = model(**batch.model_inputs(), use_cache=False)
+    return out.logits[:, batch.prompt_width - 1:-1, :]
+
+
+def response_logprobs(model, batch: SequenceBatch, temperature: float = 1.0) -> torch.Tensor:
+    """log pi(response token | prefix) [B, T] at the sampling temperature; 0 on padding."""
+    logits = response_logits(model, batch)
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    return logprobs_from_logits(logits, batch.response_ids) * batch.response_mask

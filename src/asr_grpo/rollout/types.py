@@ -1,0 +1,51 @@
+"""What a rollout engine consumes and produces, independent of the engine behind it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from asr_grpo.models.sequences import AudioFeatures
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 96
+    seed: int = 0
+
+
+@dataclass
+class RolloutRequest:
+    uid: str                    # unique per sampled sequence, e.g. "<utt id>#3"
+    group: str                  # the prompt group (GRPO: the n samples of one prompt)
+    prompt_ids: list[int]       # prompt with the audio placeholders expanded
+    features: AudioFeatures
+
+
+@dataclass
+class SequenceState:
+    """A sampled sequence, possibly unfinished: OPPO carries these across steps."""
+    request: RolloutRequest
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)   # behaviour log-probs
+    versions: list[int] = field(default_factory=list)     # policy version per token
+    finish_reason: str | None = None                      # "stop" | "length" | None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+class ChunkedEngine(Protocol):
+    """Decode up to N new tokens for every live sequence, resume later (OPPO needs this)."""
+
+    policy_version: int
+
+    def add_requests(self, requests: list[RolloutRequest]) -> None: ...
+
+    def decode(self, max_tokens: int | None = None) -> list[SequenceState]: ...
+
+    def pop_finished(self) -> list[SequenceState]: ...
+
+    def live(self) -> list[SequenceState]: ...

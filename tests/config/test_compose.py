@@ -1,0 +1,91 @@
+"""Every config group composes into the typed schema; bad keys and types fail naming the key."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from asr_grpo.config import register_configs
+from asr_grpo.config.store import CONF_DIR
+
+register_configs()
+GROUPS = ["data", "model", "sft", "placement", "algorithm", "overlap", "reward", "trainer", "logger"]
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+def _compose(config_name: str = "config", overrides: list[str] | None = None):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides or [])
+
+
+def test_required_group_options_exist():
+    assert {"colocate", "separate"} <= set(_options("placement"))
+    assert {"grpo", "ppo"} <= set(_options("algorithm"))
+    assert {"none", "intra", "inter", "oppo"} <= set(_options("overlap"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_every_group_option_composes(group, option):
+    cfg = _compose(overrides=[f"{group}={option}"])
+    OmegaConf.resolve(cfg)
+    assert OmegaConf.is_config(cfg[group])
+
+
+@pytest.mark.parametrize("name", ["config", "sft"])
+@pytest.mark.parametrize("extra", [[]] + [[f"experiment={e}"] for e in _options("experiment")]
+                         + [[f"debug={d}"] for d in _options("debug")])
+def test_entry_configs_compose_with_experiments_and_debug(name, extra):
+    cfg = _compose(name, extra)
+    OmegaConf.resolve(cfg)
+    assert cfg.model.tokenizer_vocab_size > 0
+
+
+def test_overlap_modes_set_their_mode():
+    for mode in ["none", "intra", "inter", "oppo"]:
+        assert _compose(overrides=[f"overlap={mode}"]).overlap.mode == mode
+
+
+def test_rl_run_starts_from_the_sft_checkpoint():
+    cfg = _compose()
+    assert cfg.model.path == cfg.sft.output_dir
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_schema_rejects_unknown_key(group):
+    with pytest.raises(Exception) as err:
+        _compose(overrides=[f"{group}.not_a_knob=1"])
+    assert "not_a_knob" in str(err.value)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("trainer.steps=many", "trainer.steps"),
+    ("sft.lr=fast", "sft.lr"),
+    ("algorithm.kl_in_reward=maybe", "algorithm.kl_in_reward"),
+    ("overlap.chunk_candidates=oops", "overlap.chunk_candidates"),
+])
+def test_schema_rejects_wrong_type_naming_the_key(override, key):
+    with pytest.raises(Exception) as err:
+        _compose(overrides=[override])
+    assert key in str(err.value)
+
+
+def test_group_file_with_unknown_key_is_rejected(tmp_path):
+    # A user's own group file with a typo fails at composition, not deep inside a run.
+    conf = tmp_path / "conf"
+    for src in Path(CONF_DIR).rglob("*.yaml"):
+        dst = conf / src.relative_to(CONF_DIR)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(src.read_text())
+    (conf / "trainer" / "typo.yaml").write_text("stepz: 3\n")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with pytest.raises(Exception) as err:
+            compose(config_name="config", overrides=["trainer=typo"])
+    assert "stepz" in str(err.value)

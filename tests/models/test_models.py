@@ -1,0 +1,116 @@
+"""Tiny Qwen3-ASR: tokenizer, prompt masking, save/load round trip, encoder freezing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from asr_grpo.config.schema import ModelConfig
+from asr_grpo.models import (
+    IGNORE_INDEX,
+    build_model,
+    build_processor,
+    encode_requests,
+    encode_supervised,
+    is_complete_checkpoint,
+    load_model,
+    parameter_counts,
+    save_hf_checkpoint,
+    set_audio_encoder_frozen,
+    train_tokenizer,
+)
+from asr_grpo.models.tokenizer import ASR_TEXT, IM_END
+
+TEXTS = ["turn on the lights in the kitchen", "call alice at five thirty", "send the report to bob",
+         "请打开客厅的灯", "明天上午九点去北京", "给张伟打电话"] * 10
+SMALL = ModelConfig(encoder_layers=1, encoder_d_model=64, encoder_heads=2, encoder_ffn_dim=128,
+                    encoder_downsample_hidden=16, text_layers=1, text_hidden=64, text_heads=2,
+                    text_kv_heads=1, text_intermediate=128)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(TEXTS, vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def processor(tokenizer):
+    return build_processor(tokenizer)
+
+
+def _audio(seconds: float, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(int(16000 * seconds)) * 0.1).astype(np.float32)
+
+
+@pytest.mark.parametrize("text", ["turn on the lights in the kitchen", "请打开客厅的灯", "call 张伟 now",
+                                  "words never seen zebra", "没见过的字"])
+def test_tokenizer_round_trip(tokenizer, text):
+    ids = tokenizer(text)["input_ids"]
+    assert tokenizer.decode(ids) == text
+
+
+def test_each_chinese_character_is_its_own_token(tokenizer):
+    text = "明天上午九点去北京"
+    pieces = [tokenizer.decode([i]) for i in tokenizer(text)["input_ids"]]
+    assert pieces == list(text)
+
+
+def test_special_tokens_are_single_ids(tokenizer):
+    for tok in [ASR_TEXT, IM_END, tokenizer.audio_token, tokenizer.audio_bos_token, tokenizer.audio_eos_token]:
+        ids = tokenizer(tok, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1 and tokenizer.convert_ids_to_tokens(ids[0]) == tok
+
+
+def test_supervised_labels_cover_only_transcript_and_eos(processor, tokenizer):
+    audios = [_audio(1.0, 0), _audio(2.3, 1)]
+    targets = ["call alice", "请打开客厅的灯"]
+    batch = encode_supervised(processor, audios, ["en", "zh"], targets)
+    for row, target in zip(batch["labels"], targets):
+        kept = row[row != IGNORE_INDEX].tolist()
+        assert kept[-1] == tokenizer.convert_tokens_to_ids(IM_END)
+        assert tokenizer.decode(kept[:-1]) == target
+    # The number of audio placeholders follows the audio length (13 frames per second).
+    n_audio = (batch["input_ids"] == processor.audio_token_id).sum(dim=1).tolist()
+    assert n_audio[1] > n_audio[0] >= 13
+
+
+def test_default_tiny_model_is_under_ten_million_parameters(tokenizer):
+    counts = parameter_counts(build_model(ModelConfig(), tokenizer))
+    assert 1_000_000 < counts.total < 10_000_000
+
+
+def test_save_load_round_trip_gives_identical_logits(tmp_path, processor, tokenizer):
+    model = build_model(SMALL, tokenizer, seed=3).eval()
+    batch = encode_supervised(processor, [_audio(1.5, 2)], ["en"], ["send the report"])
+    path = save_hf_checkpoint(model, processor, tmp_path / "ckpt", {"step": 7})
+    assert is_complete_checkpoint(path)
+    loaded, loaded_proc = load_model(str(path))
+    with torch.no_grad():
+        a = model(**batch).logits
+        b = loaded.eval()(**batch).logits
+    assert torch.equal(a, b)
+    assert loaded_proc.tokenizer("请打开")["input_ids"] == tokenizer("请打开")["input_ids"]
+    # Generation works on the reloaded pair through the same request path.
+    req = encode_requests(loaded_proc, [_audio(1.0, 4)], ["zh"])
+    out = loaded.generate(**req, max_new_tokens=3, do_sample=False)
+    assert out.shape[1] <= req["input_ids"].shape[1] + 3
+
+
+def test_freeze_switch_keeps_encoder_fixed_and_trains_the_rest(processor, tokenizer):
+    model = build_model(SMALL, tokenizer, seed=0)
+    counts = set_audio_encoder_frozen(model, True)
+    assert counts.frozen == counts.audio_encoder > 0
+    assert counts.trainable == counts.total - counts.audio_encoder
+    enc_before = {k: v.clone() for k, v in model.model.audio_tower.state_dict().items()}
+    lm_before = model.model.language_model.layers[0].mlp.up_proj.weight.clone()
+    adapter_before = model.model.multi_modal_projector.linear_1.weight.clone()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    batch = encode_supervised(processor, [_audio(1.2, 5)], ["en"], ["call alice"])
+    model(**batch).loss.backward()
+    opt.step()
+    for k, v in model.model.audio_tower.state_dict().items():
+        assert torch.equal(v, enc_before[k]), k
+    assert not torch.equal(model.model.language_model.layers[0].mlp.up_proj.weight, lm_before)
+    assert not torch.equal(model.model.multi_modal_projector.linear_1.weight, adapter_before)
+    unfrozen = set_audio_encoder_frozen(model, False)
+    assert unfrozen.frozen == 0
