@@ -1,0 +1,90 @@
+"""The typed reward result and the weighted combination of components."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+
+from asr_grpo.rewards.components import COMPONENTS, RewardSample
+
+
+def combine(components: Mapping[str, torch.Tensor],
+            weights: Mapping[str, float]) -> torch.Tensor:
+    """total = sum_k w_k * c_k / sum_k w_k.
+
+    Normalising by the weight sum keeps the total in the components' [0, 1] range
+    whatever the weights' scale, so changing a weight changes the mix, not the reward
+    scale the advantage/KL balance was tuned for. Components without a weight are
+    left out of the total (they are still logged).
+    """
+    unknown = sorted(set(weights) - set(components))
+    if unknown:
+        raise KeyError(f"reward weights name unknown components {unknown}; "
+                       f"known: {sorted(components)}")
+    if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise ValueError(f"reward weights must be >= 0 with a positive sum, got {dict(weights)}")
+    total = sum(float(w) * components[k].double() for k, w in weights.items())
+    return (total / sum(weights.values())).float()
+
+
+@dataclass
+class RewardResult:
+    """Rewards for N samples: `total` is what RL optimises, `components` the per-part
+    scores (OpenRLHF's extra_logs), `scores` what dynamic filtering looks at, `keep`
+    False for samples a drop policy removed (their values are 0, never NaN)."""
+    total: torch.Tensor
+    components: dict[str, torch.Tensor] = field(default_factory=dict)
+    scores: torch.Tensor | None = None
+    keep: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.total)
+        if self.scores is None:
+            self.scores = self.total
+        if self.keep is None:
+            self.keep = torch.ones(n, dtype=torch.bool)
+        for name, t in {"scores": self.scores, "keep": self.keep, **self.components}.items():
+            if t.shape != (n,):
+                raise ValueError(f"reward {name!r} has shape {tuple(t.shape)}, expected ({n},)")
+
+    def __len__(self) -> int:
+        return len(self.total)
+
+    @property
+    def num_dropped(self) -> int:
+        return int((~self.keep).sum())
+
+    def log(self, prefix: str = "reward/") -> dict[str, float]:
+        """Means over the kept samples of the total and every component, plus the
+        number of dropped samples."""
+        keep = self.keep
+        out = {f"{prefix}total": _mean(self.total[keep])}
+        out.update({f"{prefix}{k}": _mean(v[keep]) for k, v in self.components.items()})
+        out[f"{prefix}dropped"] = float(self.num_dropped)
+        return out
+
+    def to_dict(self) -> dict:
+        """Plain lists, for crossing a Ray boundary without shipping tensors."""
+        return {"total": self.total.tolist(), "scores": self.scores.tolist(),
+                "keep": self.keep.tolist(),
+                "components": {k: v.tolist() for k, v in self.components.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "RewardResult":
+        f = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+        return cls(total=f(d["total"]), scores=f(d["scores"]),
+                   keep=torch.tensor(d["keep"], dtype=torch.bool),
+                   components={k: f(v) for k, v in d["components"].items()})
+
+
+def _mean(t: torch.Tensor) -> float:
+    return float(t.mean()) if len(t) else 0.0
+
+
+def score_samples(samples: Sequence[RewardSample],
+                  weights: Mapping[str, float]) -> RewardResult:
+    """Compute every registered component for each sample and combine them."""
+    components = {name: torch.tensor([fn(s) for s in samples], dtype=torch.float32)
+                  for name, fn in COMPONENTS.items()}
+    return RewardResult(total=combine(components, weights), components=components)

@@ -1,0 +1,195 @@
+"""Loading a reward file and calling it safely.
+
+A reward file is user code: everything that can go wrong with it (missing file,
+import error, no `reward_func`, an exception, a hang, the wrong output) becomes a
+`RewardFunctionError` naming the file and the cause, and non-finite rewards are
+either refused (naming component and samples) or masked out; no NaN leaves here.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import itertools
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from asr_grpo.rewards.combine import RewardResult
+
+log = logging.getLogger(__name__)
+
+BUILTIN_REWARD_FILE = Path(__file__).with_name("asr_reward.py")
+ON_BAD_POLICIES = ("error", "drop")
+_module_ids = itertools.count()
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward file could not be loaded, failed, hung or returned something unusable."""
+
+
+def load_reward_function(path: str | None) -> Callable[..., Any]:
+    """Import `reward_func` from a Python file (None or "" -> the built-in ASR reward).
+
+    Each load gets a fresh, unique module name, so two files called `reward.py` (or
+    the same file reloaded after an edit) never shadow each other.
+    """
+    file = Path(path) if path else BUILTIN_REWARD_FILE
+    if not file.is_file():
+        raise RewardFunctionError(f"reward file {file}: not found")
+    name = f"asr_grpo_reward_file_{next(_module_ids)}_{file.stem}"
+    try:
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module      # dataclasses/pickle look the module up by name
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise RewardFunctionError(
+            f"reward file {file}: import failed: {type(exc).__name__}: {exc}") from exc
+    fn = getattr(module, "reward_func", None)
+    if not callable(fn):
+        raise RewardFunctionError(f"reward file {file}: defines no callable `reward_func`")
+    return fn
+
+
+def _source_of(fn: Callable) -> str:
+    try:
+        return inspect.getsourcefile(fn) or repr(fn)
+    except TypeError:
+        return repr(fn)
+
+
+def _run_with_timeout(fn: Callable, timeout_s: float | None, source: str, *args, **kwargs):
+    """Run fn in a daemon thread and wait at most timeout_s.
+
+    A Python thread cannot be killed: a timed-out call keeps running in the
+    background (daemon, so it never blocks interpreter exit). In training the reward
+    runs inside a Ray `RewardWorker`, which the caller can kill and restart to
+    reclaim it; in-process callers only get the error.
+    """
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["out"] = fn(*args, **kwargs)
+        except BaseException as exc:   # noqa: BLE001 - re-raised in the caller's thread
+            box["exc"] = exc
+
+    thread = threading.Thread(target=target, name="reward_func", daemon=True)
+    thread.start()
+    thread.join(timeout_s if timeout_s and timeout_s > 0 else None)
+    if thread.is_alive():
+        raise RewardFunctionError(
+            f"reward file {source}: reward_func did not return within {timeout_s} s")
+    if "exc" in box:
+        exc = box["exc"]
+        raise RewardFunctionError(
+            f"reward file {source}: reward_func raised {type(exc).__name__}: {exc}") from exc
+    return box["out"]
+
+
+def _as_vector(value: Any, key: str, n: int, source: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu", torch.float32)
+    elif isinstance(value, (list, tuple)) and all(
+            isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.numel() == 1)
+            for v in value):
+        t = torch.tensor([float(v) for v in value], dtype=torch.float32)
+    elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        t = torch.from_numpy(value.astype(np.float32))
+    else:
+        raise RewardFunctionError(
+            f"reward file {source}: {key!r} must be a tensor or a list of numbers, "
+            f"got {type(value).__name__}")
+    if t.shape != (n,):
+        raise RewardFunctionError(
+            f"reward file {source}: {key!r} has shape {tuple(t.shape)}, expected ({n},) "
+            "(one value per sample)")
+    return t
+
+
+def _to_result(out: Any, n: int, source: str) -> RewardResult:
+    """Type and shape checks on reward_func's output (finiteness is `sanitize`'s job)."""
+    if not isinstance(out, dict) or "rewards" not in out:
+        got = type(out).__name__
+        if isinstance(out, dict):
+            got += f" with keys {sorted(map(str, out))}"
+        raise RewardFunctionError(
+            f"reward file {source}: reward_func must return a dict with 'rewards', got {got}")
+    rewards = _as_vector(out["rewards"], "rewards", n, source)
+    scores = out.get("scores")
+    scores = rewards.clone() if scores is None else _as_vector(scores, "scores", n, source)
+    extra = out.get("extra_logs") or {}
+    if not isinstance(extra, dict):
+        raise RewardFunctionError(
+            f"reward file {source}: 'extra_logs' must be a dict, got {type(extra).__name__}")
+    components = {str(k): _as_vector(v, f"extra_logs/{k}", n, source)
+                  for k, v in extra.items()}
+    return RewardResult(total=rewards, components=components, scores=scores)
+
+
+def _check_on_bad(on_bad: str) -> None:
+    if on_bad not in ON_BAD_POLICIES:
+        raise ValueError(f"on_bad must be one of {ON_BAD_POLICIES}, got {on_bad!r}")
+
+
+def sanitize(result: RewardResult, on_bad: str = "error", *,
+             sample_ids: Sequence | None = None, source: str = "<reward>") -> RewardResult:
+    """Handle non-finite values in rewards, scores and every component.
+
+    on_bad="error": raise, naming each bad key and its samples (ids and indices).
+    on_bad="drop": return a copy whose `keep` mask is False for every sample with a
+    non-finite value anywhere, those samples' values set to 0 (`.num_dropped` and
+    `.log()["reward/dropped"]` count them) so the caller can drop them.
+    """
+    _check_on_bad(on_bad)
+    named = {"rewards": result.total, "scores": result.scores,
+             **{f"extra_logs/{k}": v for k, v in result.components.items()}}
+    bad_by_key = {k: ~torch.isfinite(v) for k, v in named.items()}
+    bad = torch.zeros(len(result), dtype=torch.bool)
+    for mask in bad_by_key.values():
+        bad |= mask
+    if not bad.any():
+        return result
+    ids = list(sample_ids) if sample_ids is not None else list(range(len(result)))
+    if on_bad == "error":
+        details = "; ".join(
+            f"{k}: samples {[ids[i] for i in idx]} (indices {idx})"
+            for k, m in bad_by_key.items() if (idx := m.nonzero().flatten().tolist()))
+        raise RewardFunctionError(f"reward file {source}: non-finite values in {details}")
+    log.warning("reward file %s: dropping %d samples with non-finite rewards: %s",
+                source, int(bad.sum()), [ids[i] for i in bad.nonzero().flatten().tolist()])
+    zero = lambda t: torch.where(bad, torch.zeros_like(t), t)  # noqa: E731
+    return RewardResult(total=zero(result.total), scores=zero(result.scores),
+                        components={k: zero(v) for k, v in result.components.items()},
+                        keep=result.keep & ~bad)
+
+
+def call_reward_function(fn: Callable[..., Any], *, queries: Sequence[str],
+                         prompts: Sequence[str], labels: Sequence[str],
+                         timeout_s: float | None = 30.0,
+                         sample_ids: Sequence | None = None, source: str | None = None,
+                         on_bad: str = "error", **kwargs: Any) -> RewardResult:
+    """Call a reward function on N samples and return a validated `RewardResult`.
+
+    kwargs (responses, languages, keywords, finish_reasons, weights, ...) are passed
+    through. `source` names the file in errors (default: the function's source file);
+    `sample_ids` name the samples in errors (default: their indices).
+    """
+    _check_on_bad(on_bad)     # before running user code, not after
+    source = source or _source_of(fn)
+    n = len(queries)
+    lengths = {"queries": n, "prompts": len(prompts), "labels": len(labels)}
+    if sample_ids is not None:
+        lengths["sample_ids"] = len(sample_ids)
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"batch fields must have the same length, got {lengths}")
+    # Positional, as in OpenRLHF's contract: a file may name the three parameters freely.
+    out = _run_with_timeout(fn, timeout_s, source, list(queries), list(prompts),
+                            list(labels), **kwargs)
+    return sanitize(_to_result(out, n, source), on_bad, sample_ids=sample_ids, source=source)

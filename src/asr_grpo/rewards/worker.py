@@ -1,0 +1,47 @@
+"""A Ray actor that owns the reward file.
+
+Running the reward in its own process isolates user code: a crash or a hung
+`reward_func` (which a thread timeout cannot stop) costs only this actor, which the
+caller can `ray.kill` and recreate.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+from asr_grpo.rewards.loader import call_reward_function, load_reward_function
+
+
+class RewardWorker:
+    """Loads the reward file once; `score` is one validated call per batch.
+
+    The constructor's arguments mirror `RewardConfig`.
+    """
+
+    def __init__(self, reward_file: str | None = "", weights: Mapping[str, float] | None = None,
+                 timeout_s: float = 30.0, on_bad_reward: str = "error") -> None:
+        self.reward_file = reward_file
+        self.fn = load_reward_function(reward_file)
+        self.weights = dict(weights) if weights else None
+        self.timeout_s = timeout_s
+        self.on_bad = on_bad_reward
+
+    def score(self, batch: Mapping[str, Any]) -> dict:
+        """batch: queries, prompts, labels, optional sample_ids, and any reward_func
+        kwargs (responses, languages, keywords, finish_reasons, weights). Returns
+        `RewardResult.to_dict()` (plain lists)."""
+        kwargs = dict(batch)
+        if self.weights is not None:
+            kwargs.setdefault("weights", self.weights)
+        result = call_reward_function(
+            self.fn, timeout_s=self.timeout_s, source=self.reward_file or None,
+            on_bad=self.on_bad, **kwargs)
+        return result.to_dict()
+
+
+@functools.cache
+def remote_reward_worker():
+    """`ray.remote(RewardWorker)`, made on first use so importing this module needs no
+    Ray; set resources per actor with `.options(num_cpus=..., num_gpus=...)`."""
+    import ray
+    return ray.remote(RewardWorker)
