@@ -1,0 +1,246 @@
+"""The embedded demo corpus: templated English/Mandarin sentences spoken by eSpeak NG.
+
+`build_corpus` is deterministic: the same `CorpusConfig` gives byte-identical manifests
+and WAV files, whatever `workers` is. The result is cached under
+`<output_root>/corpus/<hash>`; a build goes to a temporary folder that is renamed into
+place only when complete, so an interrupted build never looks like a cache hit.
+
+Scripts that call `build_corpus` must guard their entry point with
+`if __name__ == "__main__":`, since synthesis runs in freshly started processes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+from tqdm import tqdm
+
+from asr_grpo.config.schema import CorpusConfig
+from asr_grpo.data import templates
+from asr_grpo.data.espeak import EspeakSynthesizer
+
+log = logging.getLogger(__name__)
+
+# Bump whenever a change here or in templates.py alters the generated data.
+GENERATOR_VERSION = "1"
+SPLITS = ("train", "dev", "test")
+METADATA_FILE = "corpus.json"
+
+VOICES = {
+    "en": ["en-us", "en-us+f2", "en-us+f3", "en-us+m3", "en-us+m7", "en", "en+f4",
+           "en-gb-x-rp", "en-gb-x-rp+m2"],
+    "zh": ["cmn-latn-pinyin", "cmn-latn-pinyin+f2", "cmn-latn-pinyin+f3",
+           "cmn-latn-pinyin+m3", "cmn-latn-pinyin+m1"],
+}
+RATE_WPM = (145, 200)         # inclusive range, eSpeak words per minute
+PITCH = (30, 70)              # inclusive range, eSpeak 0-100 scale
+LONG_DURATION_S = (8.5, 14.0)  # target of long-form utterances (estimate; real is 8-15 s)
+PEAK = 0.9
+# Utterances per synthesis task. Each task runs in a fresh process (eSpeak keeps state
+# between calls), so output depends on this constant but not on the worker count.
+CHUNK_SIZE = 50
+_MAX_DRAWS = 1000             # redraws allowed to find a text not used before
+
+
+@dataclass(frozen=True)
+class CorpusManifests:
+    root: Path
+    train: Path
+    dev: Path
+    test: Path
+
+
+@dataclass(frozen=True)
+class _UtteranceSpec:
+    id: str
+    split: str
+    audio: str                # relative to the corpus root
+    text: str
+    speech: str
+    language: str
+    keywords: tuple[str, ...]
+    voice: str
+    rate_wpm: int
+    pitch: int
+    snr_db: float
+    noise_seed: int
+
+
+def _data_fields(cfg: Any) -> dict[str, Any]:
+    """Config fields that change the generated data: all but `workers`.
+
+    Works for the dataclass and for an OmegaConf node of the same schema."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(CorpusConfig)
+            if f.name != "workers"}
+
+
+def corpus_hash(cfg: CorpusConfig) -> str:
+    """Content hash of the data-relevant config, generator version and eSpeak build."""
+    key = {"config": _data_fields(cfg), "generator_version": GENERATOR_VERSION,
+           "espeakng_loader": importlib.metadata.version("espeakng-loader")}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _manifests(root: Path) -> CorpusManifests:
+    return CorpusManifests(root, *(root / f"{split}.jsonl" for split in SPLITS))
+
+
+def _is_complete(root: Path) -> bool:
+    return (root / METADATA_FILE).is_file() and all(
+        (root / f"{split}.jsonl").is_file() for split in SPLITS)
+
+
+def _plan(cfg: CorpusConfig) -> list[_UtteranceSpec]:
+    """Draw every utterance's text and voice settings; texts never repeat across splits."""
+    rng = np.random.default_rng(cfg.seed)
+    used: set[str] = set()
+    specs: list[_UtteranceSpec] = []
+    for split, count in zip(SPLITS, (cfg.num_train, cfg.num_dev, cfg.num_test)):
+        for index in range(count):
+            for _ in range(_MAX_DRAWS):
+                language = "zh" if rng.random() < cfg.zh_fraction else "en"
+                rate = int(rng.integers(RATE_WPM[0], RATE_WPM[1] + 1))
+                if rng.random() < cfg.long_fraction:
+                    sentence = templates.sample_long(rng, language, *LONG_DURATION_S, rate_wpm=rate)
+                else:
+                    sentence = templates.sample_sentence(rng, language)
+                if sentence.text not in used:
+                    break
+            else:
+                raise RuntimeError(f"could not draw a new sentence after {_MAX_DRAWS} tries; "
+                                   "the corpus is too large for the templates")
+            used.add(sentence.text)
+            utt_id = f"{split}-{index:05d}"
+            specs.append(_UtteranceSpec(
+                id=utt_id, split=split, audio=f"wavs/{split}/{utt_id}.wav",
+                text=sentence.text, speech=sentence.speech, language=language,
+                keywords=sentence.keywords,
+                voice=VOICES[language][int(rng.integers(len(VOICES[language])))],
+                rate_wpm=rate, pitch=int(rng.integers(PITCH[0], PITCH[1] + 1)),
+                snr_db=float(rng.uniform(cfg.noise_snr_db_min, cfg.noise_snr_db_max)),
+                noise_seed=int(rng.integers(2**63)),
+            ))
+    return specs
+
+
+def _add_noise(audio: np.ndarray, snr_db: float, seed: int) -> np.ndarray:
+    power = float(np.mean(audio.astype(np.float64) ** 2)) if audio.size else 0.0
+    noise_std = np.sqrt(power / 10 ** (snr_db / 10))
+    noise = np.random.default_rng(seed).normal(0.0, noise_std, audio.shape)
+    return (audio + noise).astype(np.float32)
+
+
+def _peak_normalise(audio: np.ndarray) -> np.ndarray:
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    return audio * np.float32(PEAK / peak) if peak > 0 else audio
+
+
+def _synthesize_chunk(task: tuple[str, int, list[_UtteranceSpec]]) -> list[int]:
+    """Runs in a fresh worker process; returns the number of samples of each WAV."""
+    root, sample_rate, specs = task
+    synth = EspeakSynthesizer()
+    frames = []
+    for spec in specs:
+        audio = synth.synthesize(spec.speech, spec.voice, spec.rate_wpm, spec.pitch,
+                                 sample_rate, seed=spec.noise_seed % 2**31)
+        if audio.size == 0:
+            raise RuntimeError(f"eSpeak produced no audio for {spec.id}: {spec.speech!r}")
+        audio = _peak_normalise(_add_noise(audio, spec.snr_db, spec.noise_seed))
+        sf.write(os.path.join(root, spec.audio), audio, sample_rate, subtype="PCM_16")
+        frames.append(len(audio))
+    return frames
+
+
+def _mp_context() -> mp.context.BaseContext:
+    # Never "fork": a forked child would inherit the parent's eSpeak state.
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+        return ctx
+    return mp.get_context("spawn")
+
+
+def _synthesize_all(specs: list[_UtteranceSpec], root: Path, cfg: CorpusConfig) -> list[int]:
+    chunks = [specs[i:i + CHUNK_SIZE] for i in range(0, len(specs), CHUNK_SIZE)]
+    tasks = [(str(root), cfg.sample_rate, chunk) for chunk in chunks]
+    frames: list[int] = []
+    workers = max(1, min(int(cfg.workers), len(chunks)))
+    # maxtasksperchild=1: every chunk starts from a fresh eSpeak state.
+    with _mp_context().Pool(workers, maxtasksperchild=1) as pool, \
+            tqdm(total=len(specs), desc="synthesizing corpus", unit="utt") as bar:
+        for chunk_frames in pool.imap(_synthesize_chunk, tasks):
+            frames.extend(chunk_frames)
+            bar.update(len(chunk_frames))
+    return frames
+
+
+def _write_manifests(specs: list[_UtteranceSpec], frames: list[int], root: Path,
+                     sample_rate: int) -> dict[str, Any]:
+    """Write the three manifests; return duration stats per split and language."""
+    durations: dict[str, dict[str, list[float]]] = {}
+    files = {split: open(root / f"{split}.jsonl", "w", encoding="utf-8") for split in SPLITS}
+    try:
+        for spec, n in zip(specs, frames, strict=True):
+            duration = round(n / sample_rate, 3)
+            row = {"id": spec.id, "audio": spec.audio, "text": spec.text,
+                   "language": spec.language, "keywords": list(spec.keywords),
+                   "duration": duration}
+            files[spec.split].write(json.dumps(row, ensure_ascii=False) + "\n")
+            durations.setdefault(spec.split, {}).setdefault(spec.language, []).append(duration)
+    finally:
+        for f in files.values():
+            f.close()
+    return {split: {language: {
+        "utterances": len(d), "total_s": round(sum(d), 1),
+        "mean_s": round(float(np.mean(d)), 2), "min_s": min(d), "max_s": max(d),
+        "over_8s": sum(x > 8.0 for x in d)} for language, d in sorted(by_language.items())}
+        for split, by_language in durations.items()}
+
+
+def build_corpus(cfg: CorpusConfig, output_root: str | Path) -> CorpusManifests:
+    """Synthesize the corpus into `<output_root>/corpus/<hash>`, or reuse a complete one."""
+    corpus_dir = Path(output_root) / "corpus"
+    digest = corpus_hash(cfg)
+    final = corpus_dir / digest
+    if _is_complete(final):
+        return _manifests(final)
+    corpus_dir.mkdir(parents=True, exist_ok=True)
+    if final.exists():  # not produced by this code (our builds appear atomically)
+        log.warning("removing incomplete corpus folder %s", final)
+        shutil.rmtree(final)
+
+    start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-tmp-", dir=corpus_dir))
+    try:
+        specs = _plan(cfg)
+        for split in SPLITS:
+            (tmp / "wavs" / split).mkdir(parents=True)
+        frames = _synthesize_all(specs, tmp, cfg)
+        stats = _write_manifests(specs, frames, tmp, cfg.sample_rate)
+        metadata = {"hash": digest, "generator_version": GENERATOR_VERSION,
+                    "config": _data_fields(cfg), "stats": stats}
+        (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, ensure_ascii=False) + "\n",
+                                         encoding="utf-8")
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not _is_complete(final):  # another process finished first: use its copy
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("built corpus %s (%d utterances) in %.1f s", final, len(specs),
+             time.perf_counter() - start)
+    return _manifests(final)

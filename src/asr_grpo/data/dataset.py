@@ -1,0 +1,62 @@
+"""Torch dataset over a validated manifest, and where the manifests come from."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from asr_grpo.config.schema import DataConfig
+from asr_grpo.data.audio import load_audio
+from asr_grpo.data.corpus import CorpusManifests, build_corpus
+from asr_grpo.data.manifest import Utterance, read_manifest
+
+
+class AsrDataset(Dataset):
+    """Utterances of one manifest; audio is loaded lazily as float32 mono at
+    `data_cfg.sample_rate`.
+
+    Lines are validated when the dataset is built (`data_cfg.on_bad_audio`: "error"
+    raises, "skip" drops them and lists `(line, reason)` in `skipped`). A file that
+    passes the header check but fails to decode later still raises `AudioError`, naming
+    the file and manifest line, in both modes.
+    """
+
+    def __init__(self, manifest_path: str | Path, data_cfg: DataConfig) -> None:
+        self.manifest_path = Path(manifest_path)
+        self.sample_rate = int(data_cfg.sample_rate)
+        self.min_duration_s = float(data_cfg.min_duration_s)
+        self.max_duration_s = float(data_cfg.max_duration_s)
+        result = read_manifest(manifest_path, on_bad=data_cfg.on_bad_audio,
+                               min_duration_s=self.min_duration_s,
+                               max_duration_s=self.max_duration_s)
+        self.utterances: list[Utterance] = result.utterances
+        self.skipped: list[tuple[int, str]] = result.skipped
+
+    def __len__(self) -> int:
+        return len(self.utterances)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        utt = self.utterances[index]
+        audio = load_audio(utt.audio, self.sample_rate, min_duration_s=self.min_duration_s,
+                           max_duration_s=self.max_duration_s, manifest=utt.manifest,
+                           line=utt.line)
+        return {"id": utt.id, "audio": audio, "text": utt.text, "language": utt.language,
+                "keywords": list(utt.keywords), "duration": len(audio) / self.sample_rate}
+
+
+def resolve_manifests(data_cfg: DataConfig, output_root: str | Path) -> CorpusManifests:
+    """The user's manifests when `train/dev/test_manifest` are set (all three are then
+    required), else the embedded corpus, built on first use and cached."""
+    given = {split: getattr(data_cfg, f"{split}_manifest") for split in ("train", "dev", "test")}
+    if not any(given.values()):
+        return build_corpus(data_cfg.corpus, output_root)
+    missing = [f"data.{split}_manifest" for split, path in given.items() if not path]
+    if missing:
+        raise ValueError(f"set all of data.train/dev/test_manifest or none; missing: "
+                         f"{', '.join(missing)}")
+    paths = {split: Path(path) for split, path in given.items()}
+    for split, path in paths.items():
+        if not path.is_file():
+            raise FileNotFoundError(f"data.{split}_manifest: {path} does not exist")
+    return CorpusManifests(root=paths["train"].parent, **paths)

@@ -1,0 +1,113 @@
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+from omegaconf import OmegaConf
+
+from asr_grpo.config.schema import CorpusConfig
+from asr_grpo.data import corpus as corpus_module
+from asr_grpo.data import read_manifest
+from asr_grpo.data.corpus import SPLITS, build_corpus, corpus_hash
+
+# Long-form share raised so the tiny corpus contains long utterances too.
+TINY = CorpusConfig(seed=0, num_train=12, num_dev=4, num_test=4, long_fraction=0.15, workers=2)
+FIELDS = ["id", "audio", "text", "language", "keywords", "duration"]
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _rows(manifest: Path) -> list[dict]:
+    return [json.loads(line) for line in manifest.read_text("utf-8").splitlines()]
+
+
+def _build_in_subprocess(cfg: CorpusConfig, output_root: Path) -> Path:
+    # A separate interpreter, started later: catches state or clock-seeded randomness
+    # shared by builds in one process.
+    code = ("import sys, json; from asr_grpo.config.schema import CorpusConfig; "
+            "from asr_grpo.data import build_corpus; "
+            "print(build_corpus(CorpusConfig(**json.loads(sys.argv[1])), sys.argv[2]).root)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(dataclasses.asdict(cfg)),
+                          str(output_root)], env=env, capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    a = build_corpus(TINY, tmp_path_factory.mktemp("a"))
+    # Another root, process and worker count: output must not depend on any of them.
+    b_root = _build_in_subprocess(dataclasses.replace(TINY, workers=1),
+                                  tmp_path_factory.mktemp("b"))
+    return a, corpus_module._manifests(b_root)
+
+
+def test_same_config_gives_identical_files(built):
+    a, b = built
+    digest_a = _digest(a.root)
+    assert len([k for k in digest_a if k.endswith(".wav")]) == 20
+    assert digest_a == _digest(b.root)
+    assert a.root.name == b.root.name == corpus_hash(TINY)
+
+
+def test_other_seed_gives_other_corpus(built, tmp_path):
+    other = build_corpus(dataclasses.replace(TINY, seed=1), tmp_path)
+    assert other.root.name != built[0].root.name
+    assert _rows(other.train) != _rows(built[0].train)
+
+
+def test_cache_hit_does_not_rebuild(built, monkeypatch):
+    a, _ = built
+    mtimes = {p: p.stat().st_mtime_ns for p in a.root.rglob("*")}
+    monkeypatch.setattr(corpus_module, "_synthesize_all", pytest.fail)
+    again = build_corpus(dataclasses.replace(TINY, workers=7), a.root.parent.parent)
+    assert again == a
+    assert {p: p.stat().st_mtime_ns for p in a.root.rglob("*")} == mtimes
+
+
+def test_interrupted_build_leaves_nothing_that_looks_complete(tmp_path, monkeypatch):
+    def boom(*args):
+        raise KeyboardInterrupt
+
+    cfg = dataclasses.replace(TINY, num_train=2, num_dev=1, num_test=1)
+    monkeypatch.setattr(corpus_module, "_write_manifests", boom)
+    with pytest.raises(KeyboardInterrupt):
+        build_corpus(cfg, tmp_path)
+    assert list((tmp_path / "corpus").iterdir()) == []   # temp folder removed too
+    monkeypatch.undo()
+    assert build_corpus(cfg, tmp_path).train.is_file()
+
+
+def test_manifests_are_valid(built):
+    a, _ = built
+    rows = {split: _rows(getattr(a, split)) for split in SPLITS}
+    assert [len(rows[s]) for s in SPLITS] == [12, 4, 4]
+    everything = [r for split_rows in rows.values() for r in split_rows]
+    assert {r["language"] for r in everything} == {"en", "zh"}
+    assert max(r["duration"] for r in everything) > 8.0          # long-form present
+    for row in everything:
+        assert list(row) == FIELDS
+        assert all(k in row["text"] for k in row["keywords"])
+        info = sf.info(str(a.root / row["audio"]))
+        assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16")
+        assert row["duration"] == round(info.frames / 16000, 3)
+    train_texts = {r["text"] for r in rows["train"]}
+    held_out = [r["text"] for r in rows["dev"] + rows["test"]]
+    assert not train_texts & set(held_out) and len(set(held_out)) == len(held_out)
+    # The project's own reader accepts every line.
+    for split in SPLITS:
+        assert len(read_manifest(getattr(a, split)).utterances) == len(rows[split])
+
+
+def test_hash_ignores_workers_only():
+    assert corpus_hash(TINY) == corpus_hash(dataclasses.replace(TINY, workers=5))
+    assert corpus_hash(TINY) == corpus_hash(OmegaConf.structured(TINY))   # Hydra's form
+    assert corpus_hash(TINY) != corpus_hash(dataclasses.replace(TINY, noise_snr_db_min=20.0))
