@@ -167,6 +167,7 @@ class TrainerConfig:
     prompts_per_step: int = 8         # B, in prompt groups
     train_epochs: int = 1
     micro_batch_size: int = 16
+    rollout_batch_size: int = 64      # sequences decoded together by one engine
     grad_accum_steps: int = 1
     lr: float = 2e-5
     critic_lr: float = 1e-4

@@ -5,6 +5,7 @@ from asr_grpo.models.builder import (
     build_model,
     build_processor,
     load_model,
+    load_processor,
     parameter_counts,
     set_audio_encoder_frozen,
     tiny_config,
@@ -22,6 +23,6 @@ from asr_grpo.models.tokenizer import SPECIAL_TOKENS, train_tokenizer
 __all__ = [
     "IGNORE_INDEX", "ParameterCounts", "SPECIAL_TOKENS", "audio_encoder", "build_model", "build_processor",
     "checkpoint_metadata", "decode_responses", "encode_requests", "encode_supervised",
-    "is_complete_checkpoint", "load_model", "parameter_counts", "save_hf_checkpoint",
+    "is_complete_checkpoint", "load_model", "load_processor", "parameter_counts", "save_hf_checkpoint",
     "set_audio_encoder_frozen", "tiny_config", "train_tokenizer", "transcription_prompts",
 ]

@@ -81,9 +81,13 @@ def build_model(cfg: ModelConfig, tokenizer, seed: int = 0) -> Qwen3ASRForCondit
     return model.to(getattr(torch, cfg.dtype))
 
 
+def load_processor(path: str) -> Qwen3ASRProcessor:
+    return Qwen3ASRProcessor.from_pretrained(path)
+
+
 def load_model(path: str, dtype: str = "float32"):
     """Load model + processor from an HF folder (ours or a real Qwen3-ASR checkpoint)."""
-    processor = Qwen3ASRProcessor.from_pretrained(path)
+    processor = load_processor(path)
     model = Qwen3ASRForConditionalGeneration.from_pretrained(path, dtype=getattr(torch, dtype))
     _set_generation_defaults(model, processor.tokenizer)
     return model, processor

@@ -26,10 +26,16 @@ class AudioFeatures:
     mask: torch.Tensor       # [F] (1 = real frame)
 
 
-def extract_features(processor, audio: np.ndarray) -> AudioFeatures:
-    out = processor.feature_extractor([audio], sampling_rate=16000, return_attention_mask=True,
-                                      padding=True, return_tensors="pt")
-    return AudioFeatures(out["input_features"][0], out["attention_mask"][0].long())
+def encode_prompt(processor, audio: np.ndarray, language: str | None,
+                  context: str | None = None) -> tuple[list[int], AudioFeatures]:
+    """Prompt token ids (audio placeholders expanded) and the utterance's own features."""
+    from asr_grpo.models.prompting import transcription_prompts
+
+    prompt = transcription_prompts(processor, 1, [language] if language else None,
+                                   [context] if context else None)
+    out = processor(text=prompt, audio=[audio])
+    feats = AudioFeatures(out["input_features"][0], out["input_features_mask"][0].long())
+    return out["input_ids"][0].tolist(), feats
 
 
 def stack_features(feats: Sequence[AudioFeatures]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,6 +55,15 @@ class RewardResult:
     def num_dropped(self) -> int:
         return int((~self.keep).sum())
 
+    @classmethod
+    def cat(cls, parts: Sequence["RewardResult"]) -> "RewardResult":
+        """Concatenate results of consecutive sample shards (e.g. one per reward worker)."""
+        names = parts[0].components.keys()
+        return cls(total=torch.cat([p.total for p in parts]),
+                   scores=torch.cat([p.scores for p in parts]),
+                   keep=torch.cat([p.keep for p in parts]),
+                   components={k: torch.cat([p.components[k] for p in parts]) for k in names})
+
     def log(self, prefix: str = "reward/") -> dict[str, float]:
         """Means over the kept samples of the total and every component, plus the
         number of dropped samples."""

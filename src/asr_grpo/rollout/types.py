@@ -36,6 +36,25 @@ class SequenceState:
     def done(self) -> bool:
         return self.finish_reason is not None
 
+    def result(self) -> "SequenceResult":
+        return SequenceResult(self.request.uid, self.request.group, list(self.tokens), list(self.logprobs),
+                              list(self.versions), self.finish_reason)
+
+
+@dataclass
+class SequenceResult:
+    """A sequence's decoded state without its prompt/audio: what crosses process boundaries."""
+    uid: str
+    group: str
+    tokens: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str | None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
 
 class ChunkedEngine(Protocol):
     """Decode up to N new tokens for every live sequence, resume later (OPPO needs this)."""

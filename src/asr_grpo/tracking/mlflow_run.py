@@ -48,11 +48,12 @@ class MlflowRun:
     """One MLflow run as a context manager; `log_metrics` drops non-finite values loudly."""
 
     def __init__(self, logger_cfg: LoggerConfig, run_name: str, config: DictConfig | None = None,
-                 tags: Mapping[str, str] | None = None):
+                 tags: Mapping[str, str] | None = None, resume_run_id: str | None = None):
         self.cfg = logger_cfg
         self.run_name = logger_cfg.run_name or run_name
         self.config = config
         self.tags = dict(tags or {})
+        self.resume_run_id = resume_run_id
         self.run = None
 
     def __enter__(self) -> "MlflowRun":
@@ -60,6 +61,12 @@ class MlflowRun:
         _ensure_sqlite_parent(uri)
         mlflow.set_tracking_uri(uri)
         mlflow.set_experiment(self.cfg.experiment_name)
+        if self.resume_run_id:
+            # A resumed training run continues the same MLflow run (params were logged then).
+            self.run = mlflow.start_run(run_id=self.resume_run_id,
+                                        log_system_metrics=self.cfg.log_system_metrics)
+            log.info("MLflow run %s resumed", self.resume_run_id)
+            return self
         self.run = mlflow.start_run(run_name=self.run_name, tags=self.tags,
                                     log_system_metrics=self.cfg.log_system_metrics)
         if self.config is not None:
@@ -87,3 +94,9 @@ class MlflowRun:
 
     def log_summary(self, summary: Mapping[str, Any], name: str = "summary.json") -> None:
         mlflow.log_text(json.dumps(summary, indent=2, sort_keys=True, default=str), name)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        mlflow.log_params({k: str(v)[:_MAX_PARAM_LEN] for k, v in params.items()})
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        mlflow.set_tags({k: str(v) for k, v in tags.items()})

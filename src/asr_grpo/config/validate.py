@@ -1,0 +1,91 @@
+"""Cross-field checks the type system can't express. They run on the composed config
+before Ray starts, and every message names the key(s) and the reason."""
+from __future__ import annotations
+
+from typing import Any
+
+CHOICES = {
+    "algorithm.name": ("grpo", "ppo"),
+    "algorithm.advantage_estimator": ("group_norm", "rloo", "reinforce_baseline", "gae"),
+    "algorithm.kl_estimator": ("k1", "k2", "k3"),
+    "algorithm.loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"),
+    "overlap.mode": ("none", "intra", "inter", "oppo"),
+    "overlap.delta_rule": ("additive", "proportional"),
+    "placement.name": ("colocate", "separate"),
+    "data.on_bad_audio": ("error", "skip"),
+    "reward.on_bad_reward": ("error", "drop"),
+    "reward.smoothness_scorer": ("rule", "lm"),
+    "trainer.lr_scheduler": ("constant", "constant_with_warmup", "cosine", "linear"),
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
+def config_problems(cfg: Any) -> list[str]:
+    """Every problem found (empty list = valid)."""
+    problems: list[str] = []
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append(message)
+
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        need(value in allowed, f"{key}={value!r}: must be one of {', '.join(allowed)}")
+
+    algo, ov, tr, pl = cfg.algorithm, cfg.overlap, cfg.trainer, cfg.placement
+    n = algo.n_samples_per_prompt
+    need(n >= 1, f"algorithm.n_samples_per_prompt={n}: must be >= 1")
+    if algo.advantage_estimator in ("group_norm", "rloo"):
+        need(n >= 2, f"algorithm.advantage_estimator={algo.advantage_estimator} compares samples of one "
+                     f"prompt: algorithm.n_samples_per_prompt must be >= 2 (got {n})")
+    if algo.name == "ppo":
+        need(algo.use_critic, "algorithm.name=ppo needs a critic: set algorithm.use_critic=true")
+    if algo.advantage_estimator == "gae":
+        need(algo.use_critic, "algorithm.advantage_estimator=gae needs algorithm.use_critic=true")
+    elif algo.kl_in_reward:
+        problems.append("algorithm.kl_in_reward=true is only supported with advantage_estimator=gae "
+                        "(outcome estimators put the KL in the loss)")
+    need(algo.temperature >= 0, f"algorithm.temperature={algo.temperature}: must be >= 0")
+    need(0 < algo.top_p <= 1, f"algorithm.top_p={algo.top_p}: must be in (0, 1]")
+    need(algo.max_new_tokens >= 1, f"algorithm.max_new_tokens={algo.max_new_tokens}: must be >= 1")
+    need(algo.eps_clip_low > 0 and algo.eps_clip_high > 0, "algorithm.eps_clip_low/high must be > 0")
+    need(algo.dual_clip is None or algo.dual_clip > 1,
+         f"algorithm.dual_clip={algo.dual_clip}: must be > 1 (or null to disable)")
+
+    need(ov.chunk_size >= 1, f"overlap.chunk_size={ov.chunk_size}: must be >= 1")
+    need(len(ov.chunk_candidates) > 0 and all(c >= 1 for c in ov.chunk_candidates),
+         f"overlap.chunk_candidates={list(ov.chunk_candidates)}: need at least one value, all >= 1")
+    need(0 <= ov.delta_min <= ov.delta_max,
+         f"overlap.delta_min={ov.delta_min} / overlap.delta_max={ov.delta_max}: need 0 <= delta_min <= delta_max")
+    need(ov.delta_min <= ov.delta_init <= ov.delta_max,
+         f"overlap.delta_init={ov.delta_init}: must lie in [delta_min={ov.delta_min}, delta_max={ov.delta_max}]")
+    need(ov.delta_window >= 1, f"overlap.delta_window={ov.delta_window}: must be >= 1")
+    need(ov.chunk_trial_period >= 1, f"overlap.chunk_trial_period={ov.chunk_trial_period}: must be >= 1")
+
+    need(tr.steps >= 1, f"trainer.steps={tr.steps}: must be >= 1")
+    need(tr.prompts_per_step >= 1, f"trainer.prompts_per_step={tr.prompts_per_step}: must be >= 1")
+    need(tr.micro_batch_size >= 1, f"trainer.micro_batch_size={tr.micro_batch_size}: must be >= 1")
+    need(tr.zero_stage in (0, 1, 2, 3), f"trainer.zero_stage={tr.zero_stage}: must be 0, 1, 2 or 3")
+    need(pl.actor_num_ranks >= 1, f"placement.actor_num_ranks={pl.actor_num_ranks}: must be >= 1")
+    if pl.actor_num_ranks >= 1:
+        need(tr.prompts_per_step % pl.actor_num_ranks == 0,
+             f"trainer.prompts_per_step={tr.prompts_per_step} is not divisible by "
+             f"placement.actor_num_ranks={pl.actor_num_ranks}: every data-parallel rank needs the same "
+             f"number of prompt groups")
+    return problems
+
+
+def validate_config(cfg: Any) -> None:
+    problems = config_problems(cfg)
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

@@ -1,0 +1,112 @@
+"""Start (or join) the Ray cluster the roles run on.
+
+A local start binds every Ray server to 127.0.0.1 and, on a host without CUDA,
+declares `placement.gpus_per_node` LOGICAL GPUs: Ray then schedules placement-group
+bundles and fractional-GPU actors exactly as on a GPU node (it only counts, and sets
+CUDA_VISIBLE_DEVICES to an id nobody uses), so the colocate/separate layouts are
+exercised on a laptop. With real CUDA devices Ray's own detection is used unchanged.
+
+Ray 2.60 enables token authentication by default (token under ~/.ray/); a driver
+joining an existing cluster needs that cluster's token.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+_started: Optional[dict] = None   # what start_ray did, reported again on reuse
+
+
+def cuda_device_count() -> int:
+    """NVIDIA GPUs on this host, counted the way `ray.init(num_gpus=None)` would count them
+    (cheap: no torch import); torch is the fallback if Ray's detector moves."""
+    try:
+        from ray._private.accelerators import NvidiaGPUAcceleratorManager
+        return int(NvidiaGPUAcceleratorManager.get_current_node_num_accelerators())
+    except ImportError:
+        pass
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:   # no torch, or a broken driver: treat as no CUDA
+        return 0
+
+
+@contextlib.contextmanager
+def _loopback_only():
+    """On Linux Ray resolves `_node_ip_address="127.0.0.1"` to the host's routable IP and
+    binds its servers there (see ray._private.services.resolve_ip_for_localhost); the
+    single-machine mode it uses on macOS/Windows, gated by this flag, keeps everything on
+    the loopback. The flag is read only while the node is being started."""
+    try:
+        from ray._private import ray_constants
+        saved = ray_constants.ENABLE_RAY_CLUSTER
+    except (ImportError, AttributeError):   # a future Ray: fall back to the kwarg alone
+        yield
+        return
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def start_ray(placement_cfg, *, num_cpus: Optional[int] = None,
+              runtime_env: Optional[dict] = None, log_to_driver: bool = True,
+              include_dashboard: bool = False) -> dict:
+    """Join `placement.ray_address` if set, else start a local loopback-only Ray.
+    Idempotent: if Ray is already initialised (by us or anyone), it is reused."""
+    global _started
+    import ray
+
+    if ray.is_initialized():
+        summary = cluster_summary()
+        if not _started or _started["address"] != summary["address"]:   # not ours
+            _started = {"joined": None, "logical_gpus": None, "address": summary["address"]}
+        return {**_started, **summary, "reused": True}
+    if placement_cfg.ray_address:
+        ray.init(address=placement_cfg.ray_address, runtime_env=runtime_env,
+                 log_to_driver=log_to_driver)
+        _started = {"joined": True, "logical_gpus": False}  # the cluster's own GPUs
+    else:
+        if int(placement_cfg.num_nodes) > 1:
+            raise ValueError(
+                f"placement.num_nodes={placement_cfg.num_nodes} needs an existing multi-node "
+                f"cluster: set placement.ray_address (a local start is one node)")
+        logical = bool(placement_cfg.use_logical_gpus) and cuda_device_count() == 0
+        with _loopback_only():
+            # address="local" so a RAY_ADDRESS in the environment cannot redirect us.
+            ray.init(address="local", num_cpus=num_cpus,
+                     num_gpus=int(placement_cfg.gpus_per_node) if logical else None,
+                     include_dashboard=include_dashboard, _node_ip_address="127.0.0.1",
+                     log_to_driver=log_to_driver, runtime_env=runtime_env)
+        _started = {"joined": False, "logical_gpus": logical}
+    summary = cluster_summary()
+    _started["address"] = summary["address"]
+    summary = {**_started, **summary, "reused": False}
+    log.info("Ray ready: %s", summary)
+    return summary
+
+
+def cluster_summary() -> dict:
+    import ray
+
+    res = ray.cluster_resources()
+    node_ip = ray.util.get_node_ip_address()
+    return {"address": ray.get_runtime_context().gcs_address, "node_ip": node_ip,
+            "loopback_only": node_ip == "127.0.0.1",
+            "nodes": sum(1 for n in ray.nodes() if n.get("Alive")),
+            "resources": {k: v for k, v in res.items()
+                          if not k.startswith("node:") and "_group_" not in k}}
+
+
+def shutdown_ray() -> None:
+    global _started
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    _started = None

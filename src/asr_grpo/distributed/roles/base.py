@@ -1,0 +1,55 @@
+"""What every model-holding role shares: config, threads, scoring a batch of sequences."""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from asr_grpo.config.schema import RunConfig
+from asr_grpo.experience.losses import pack_items
+from asr_grpo.experience.tensors import unpad
+from asr_grpo.models.sequences import response_logprobs
+
+
+def as_config(cfg: Any) -> RunConfig | DictConfig:
+    """Roles receive the run config as a plain dict (Ray pickles it); rebuild the typed node."""
+    if isinstance(cfg, DictConfig):
+        return cfg
+    return OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+
+
+def join_process_group() -> int:
+    """Join the role's data-parallel group from the env vars its RoleGroup set; returns the rank."""
+    from asr_grpo.distributed.deepspeed_strategy import init_distributed
+
+    rank = int(os.environ["RANK"])
+    init_distributed(rank, int(os.environ["WORLD_SIZE"]), os.environ["MASTER_ADDR"],
+                     int(os.environ["MASTER_PORT"]), local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+    return rank
+
+
+class ModelRole:
+    """Base of the policy, reference, critic and rollout roles."""
+
+    def __init__(self, cfg: Any):
+        self.cfg = as_config(cfg)
+        torch.set_num_threads(max(1, self.cfg.trainer.num_threads))
+        # Keep tokenizers from spawning their own pool inside a 1-thread actor.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self.pad_id = 0
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    @torch.no_grad()
+    def _logprobs(self, model, items: Sequence, micro_batch: int) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        temperature = self.cfg.algorithm.temperature
+        for start in range(0, len(items), micro_batch):
+            chunk = items[start:start + micro_batch]
+            batch = pack_items(chunk, self.pad_id)
+            logp = response_logprobs(model, batch, temperature)
+            out.extend(unpad(logp, [len(it.response_ids) for it in chunk]))
+        return out

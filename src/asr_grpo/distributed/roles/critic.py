@@ -1,0 +1,48 @@
+"""The PPO critic rank: value estimates for GAE and DeepSpeed training of the value model."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
+from asr_grpo.distributed.roles.base import ModelRole, join_process_group
+from asr_grpo.distributed.roles.training import run_updates
+from asr_grpo.experience.losses import critic_loss, pack_items
+from asr_grpo.experience.tensors import unpad
+from asr_grpo.experience.types import ExperienceItem, SequenceRef
+from asr_grpo.models.critic import ValueModel, response_values
+from asr_grpo.models import load_processor
+
+
+class CriticRole(ModelRole):
+    def __init__(self, cfg: Any, optimizer_steps: int):
+        super().__init__(cfg)
+        rank = join_process_group()
+        model = ValueModel.from_pretrained(self.cfg.model.path, self.cfg.model.freeze_audio_encoder)
+        self.pad_id = load_processor(self.cfg.model.path).tokenizer.pad_token_id
+        self.train_engine = TrainingEngine(model, self.cfg.trainer, lr=self.cfg.trainer.critic_lr,
+                                           num_training_steps=optimizer_steps)
+
+    @torch.no_grad()
+    def compute_values(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        mb = self.cfg.trainer.micro_batch_size
+        with self.train_engine.gathered() as module:
+            module.eval()
+            for start in range(0, len(seqs), mb):
+                chunk = seqs[start:start + mb]
+                values = response_values(module, pack_items(chunk, self.pad_id))
+                out.extend(unpad(values, [len(s.response_ids) for s in chunk]))
+        return out
+
+    def train(self, items: list[ExperienceItem]) -> dict[str, float]:
+        cfg = self.cfg
+        return run_updates(self.train_engine, items, cfg.trainer,
+                           lambda model, mb: critic_loss(model, mb, cfg.algorithm, self.pad_id))
+
+    def save(self, directory: str, tag: str) -> None:
+        self.train_engine.save_checkpoint(directory, tag)
+
+    def load(self, directory: str, tag: str) -> None:
+        self.train_engine.load_checkpoint(directory, tag)

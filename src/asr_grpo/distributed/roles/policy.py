@@ -1,0 +1,84 @@
+"""A policy (actor) rank: DeepSpeed training of LM + adapter, the old log-probs, and,
+when colocated, the rollout itself with the actor's own forward."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
+from asr_grpo.distributed.roles.base import ModelRole, join_process_group
+from asr_grpo.distributed.roles.rollout_host import RolloutHost, sampling_params
+from asr_grpo.distributed.roles.training import run_updates
+from asr_grpo.evaluation import transcribe
+from asr_grpo.experience.losses import actor_loss
+from asr_grpo.experience.types import ExperienceItem, SequenceRef
+from asr_grpo.models import load_model, parameter_counts, save_hf_checkpoint, set_audio_encoder_frozen
+from asr_grpo.rollout import HFChunkedEngine
+
+
+class PolicyRole(ModelRole, RolloutHost):
+    def __init__(self, cfg: Any, optimizer_steps: int):
+        super().__init__(cfg)
+        rank = join_process_group()
+        self.rank = rank
+        model, self.processor = load_model(self.cfg.model.path, self.cfg.model.dtype)
+        self.counts = set_audio_encoder_frozen(model, self.cfg.model.freeze_audio_encoder)
+        self.train_engine = TrainingEngine(model, self.cfg.trainer, lr=self.cfg.trainer.lr,
+                                           num_training_steps=optimizer_steps)
+        tok = self.processor.tokenizer
+        self.pad_id = tok.pad_token_id
+        self.engine = HFChunkedEngine(self.train_engine.module, model.generation_config.eos_token_id,
+                                      self.pad_id, sampling_params(self.cfg.algorithm, self.cfg.seed),
+                                      max_batch_size=self.cfg.trainer.rollout_batch_size)
+
+    def parameter_counts(self) -> dict[str, int]:
+        return parameter_counts(self.train_engine.module).as_dict()
+
+    def compute_logprobs(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
+        with self.train_engine.gathered() as module:
+            module.eval()
+            return self._logprobs(module, seqs, self.cfg.trainer.micro_batch_size)
+
+    def train(self, items: list[ExperienceItem]) -> dict[str, float]:
+        cfg = self.cfg
+        return run_updates(self.train_engine, items, cfg.trainer,
+                           lambda model, mb: actor_loss(model, mb, cfg.algorithm, self.pad_id, cfg.overlap))
+
+    def transcribe(self, audios: list[np.ndarray], languages: list[str]) -> list[str]:
+        with self.train_engine.gathered() as module:
+            return transcribe(module, self.processor, audios, languages,
+                              batch_size=self.cfg.trainer.rollout_batch_size,
+                              max_new_tokens=self.cfg.algorithm.max_new_tokens)
+
+    # ---- checkpoints ----------------------------------------------------------------
+    def save(self, directory: str, tag: str, client_state: dict, hf_dir: str | None) -> None:
+        """Collective: DeepSpeed state on every rank; rank 0 also writes the HF folder."""
+        state = dict(client_state, rng=_rng_state())
+        self.train_engine.save_checkpoint(directory, tag, client_state=state)
+        with self.train_engine.gathered() as module:
+            if self.rank == 0 and hf_dir:
+                save_hf_checkpoint(module, self.processor, hf_dir, {"stage": "rl", **client_state})
+
+    def load(self, directory: str, tag: str) -> dict:
+        state = self.train_engine.load_checkpoint(directory, tag)
+        _set_rng_state(state.pop("rng", None))
+        return state
+
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        return self.train_engine.full_state_dict(rank0_only=True)
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict | None) -> None:
+    if not state:
+        return
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])

@@ -1,0 +1,21 @@
+"""The frozen reference policy: log-probs for the KL term."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from asr_grpo.distributed.roles.base import ModelRole
+from asr_grpo.experience.types import SequenceRef
+from asr_grpo.models import load_model
+
+
+class ReferenceRole(ModelRole):
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        self.model, processor = load_model(self.cfg.model.path, self.cfg.model.dtype)
+        self.model.eval().requires_grad_(False)
+        self.pad_id = processor.tokenizer.pad_token_id
+
+    def compute_logprobs(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
+        return self._logprobs(self.model, seqs, self.cfg.trainer.micro_batch_size)

@@ -1,0 +1,33 @@
+"""The chunked-engine API a role exposes over Ray (policy ranks when colocated, rollout
+workers when separate). Results travel without the prompt audio."""
+from __future__ import annotations
+
+from asr_grpo.config.schema import AlgorithmConfig
+from asr_grpo.rollout import HFChunkedEngine, RolloutRequest, SamplingParams, SequenceResult
+
+
+def sampling_params(algo: AlgorithmConfig, seed: int) -> SamplingParams:
+    return SamplingParams(temperature=algo.temperature, top_p=algo.top_p,
+                          max_new_tokens=algo.max_new_tokens, seed=seed)
+
+
+class RolloutHost:
+    engine: HFChunkedEngine
+
+    def add_requests(self, requests: list[RolloutRequest]) -> int:
+        self.engine.add_requests(requests)
+        return len(self.engine.live())
+
+    def decode(self, max_tokens: int | None = None) -> list[SequenceResult]:
+        """Advance every live sequence; returns the state of each sequence touched."""
+        self.engine.model.eval()
+        return [s.result() for s in self.engine.decode(max_tokens)]
+
+    def pop_finished(self) -> list[SequenceResult]:
+        return [s.result() for s in self.engine.pop_finished()]
+
+    def num_live(self) -> int:
+        return len(self.engine.live())
+
+    def set_policy_version(self, version: int) -> None:
+        self.engine.policy_version = version

@@ -1,0 +1,39 @@
+"""The update loop shared by the policy and the critic: epochs x micro-batches through a
+DeepSpeed engine, metrics averaged over micro-batches."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from asr_grpo.config.schema import TrainerConfig
+
+
+def micro_batches(items: Sequence, size: int, rng: np.random.Generator) -> list[list]:
+    order = rng.permutation(len(items))
+    return [[items[i] for i in order[s:s + size]] for s in range(0, len(items), size)]
+
+
+def run_updates(engine, items: Sequence, trainer: TrainerConfig,
+                loss_fn: Callable[[object, list], tuple[torch.Tensor, dict]], seed: int = 0) -> dict[str, float]:
+    engine.train()
+    sums: dict[str, float] = defaultdict(float)
+    count = 0
+    rng = np.random.default_rng(seed + engine.global_steps)
+    grad_norms = []
+    for _ in range(trainer.train_epochs):
+        for mb in micro_batches(items, trainer.micro_batch_size, rng):
+            loss, metrics = loss_fn(engine, mb)
+            engine.backward(loss)
+            if engine.step() and engine.global_grad_norm is not None:
+                grad_norms.append(engine.global_grad_norm)
+            for k, v in metrics.items():
+                sums[k] += float(v)
+            count += 1
+    out = {k: v / max(count, 1) for k, v in sums.items()}
+    out["charts/lr"] = engine.lr
+    if grad_norms:
+        out["charts/grad_norm"] = float(np.mean(grad_norms))
+    return out

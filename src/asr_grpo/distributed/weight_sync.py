@@ -1,0 +1,137 @@
+"""Trainer rank 0 -> rollout engines: broadcast fresh policy weights.
+
+The sync group is [trainer rank 0, rollout rank 1, ..., rollout rank N]. It is built as a
+standalone backend object (`ProcessGroupGloo` / `ProcessGroupNCCL` over its own
+`TCPStore`) rather than through `torch.distributed.init_process_group`/`new_group`:
+those would need every member in the default group, which belongs to DeepSpeed on the
+trainer side and may not exist at all on the rollout side. The backend's own
+`broadcast(tensor, root)` is called directly, so c10d's group registry is never touched
+and no private torch helper is needed.
+
+Protocol: both sides hold the same architecture (the rollout model is built from the
+same config/checkpoint) and walk `model.named_parameters()` then `named_buffers()`,
+which yield each tensor once, so tied weights (lm_head = embed_tokens) are sent once.
+Everything is sent, frozen encoder included: simplest and always correct, and the
+frozen part is small next to an LM. A header of (numel, dtype) per tensor goes first,
+so a mismatched architecture fails with a clear error instead of hanging or
+scrambling weights, and a receiver in another dtype (e.g. bf16 rollout) gets a cast.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+# dtype <-> int for the header (only dtypes a model would hold).
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
+           torch.int32, torch.bool, torch.uint8, torch.int8]
+
+
+def _tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Unique parameters then buffers, in a deterministic order on both sides."""
+    return list(model.named_parameters()) + list(model.named_buffers())
+
+
+def _full_numel(t: torch.Tensor) -> int:
+    # A ZeRO-3 partitioned parameter is an empty placeholder; ds_numel is its real size.
+    return getattr(t, "ds_numel", t.numel())
+
+
+class WeightSyncGroup:
+    """One member of the trainer-rank-0 + rollout-ranks broadcast group (rank 0 sends)."""
+
+    def __init__(self, backend_pg, store, rank: int, world_size: int, device: torch.device):
+        self._pg, self._store = backend_pg, store  # the store must outlive the group
+        self.rank, self.world_size, self.device = rank, world_size, device
+
+    @classmethod
+    def create(cls, master_addr: str, master_port: int, rank: int, world_size: int,
+               backend: str = "gloo", timeout_s: float = 600.0) -> "WeightSyncGroup":
+        """Collective over the sync group: blocks until all `world_size` members called it,
+        so start the remote members (e.g. Ray calls) before the local one. Rank 0 hosts
+        the store on `master_addr:master_port`, a port distinct from MASTER_PORT."""
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0,
+                              timeout=timeout)
+        if backend == "gloo":
+            pg, device = dist.ProcessGroupGloo(store, rank, world_size, timeout), torch.device("cpu")
+        elif backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            pg = dist.ProcessGroupNCCL(store, rank, world_size, options)
+            device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            raise ValueError(f"weight sync backend must be 'gloo' or 'nccl', got {backend!r}")
+        return cls(pg, store, rank, world_size, device)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        self._pg.broadcast(tensor, 0).wait()
+
+    def _in_place_ok(self, tensor: torch.Tensor) -> bool:
+        return tensor.device == self.device and tensor.is_contiguous()
+
+    def _exchange_header(self, header: torch.Tensor) -> torch.Tensor:
+        count = torch.tensor([len(header)], dtype=torch.int64, device=self.device)
+        self._broadcast(count)
+        if self.rank != 0:
+            header = torch.empty(int(count), 2, dtype=torch.int64, device=self.device)
+        header = header.to(self.device)
+        self._broadcast(header)
+        return header.cpu()
+
+    # -- sender -------------------------------------------------------------------
+    def broadcast_model(self, model: torch.nn.Module, zero_stage: int = 0) -> None:
+        """Trainer rank 0: send every tensor of `model` (the unwrapped module)."""
+        broadcast_model(model, zero_stage, self)
+
+    # -- receiver -----------------------------------------------------------------
+    @torch.no_grad()
+    def receive_model(self, model: torch.nn.Module) -> None:
+        """Rollout ranks: overwrite `model`'s tensors in place with rank 0's."""
+        tensors = _tensors(model)
+        header = self._exchange_header(torch.empty(0, 2, dtype=torch.int64))
+        if len(header) != len(tensors):
+            raise ValueError(f"weight sync: sender has {len(header)} tensors, this model "
+                             f"{len(tensors)}: not the same architecture")
+        for (name, t), (numel, code) in zip(tensors, header.tolist()):
+            if numel != t.numel():
+                raise ValueError(f"weight sync: {name} has {t.numel()} elements here, "
+                                 f"{numel} on the sender")
+            dtype = _DTYPES[code]
+            if dtype == t.dtype and self._in_place_ok(t):
+                self._broadcast(t.data)  # straight into the parameter
+            else:  # receive as sent, then cast/move
+                buf = torch.empty(t.shape, dtype=dtype, device=self.device)
+                self._broadcast(buf)
+                t.data.copy_(buf)
+
+
+@torch.no_grad()
+def broadcast_model(model: torch.nn.Module, zero_stage: int,
+                    group: Optional[WeightSyncGroup]) -> None:
+    """Call on EVERY trainer rank under ZeRO-3 (gathering a shard is a collective of the
+    DeepSpeed group), with `group` None except on trainer rank 0; below ZeRO-3 only
+    rank 0 needs to call. Gathers one parameter at a time, so peak extra memory is the
+    largest tensor, not the model."""
+    tensors = _tensors(model)
+    if group is not None:
+        header = torch.tensor([[_full_numel(t), _DTYPES.index(t.dtype)] for _, t in tensors],
+                              dtype=torch.int64).reshape(-1, 2)
+        group._exchange_header(header)
+    for _, t in tensors:
+        with _gathered(t, zero_stage):
+            if group is not None:
+                data = t.data if group._in_place_ok(t) else t.data.to(group.device).contiguous()
+                group._broadcast(data)
+
+
+def _gathered(t: torch.Tensor, zero_stage: int):
+    """Full `t` inside the context under ZeRO-3 (buffers, never partitioned, pass through)."""
+    if zero_stage != 3:
+        return contextlib.nullcontext()  # no deepspeed import for plain senders
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([t])

@@ -1,0 +1,75 @@
+"""Micro-batch losses of the policy and the critic: pack the items, run the model, apply
+the pure losses from `algorithms`. Shared by every worker that trains."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from asr_grpo.algorithms import (
+    aggregate_loss,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+    policy_loss,
+    truncated_importance_weights,
+    value_loss,
+)
+from asr_grpo.config.schema import AlgorithmConfig, OverlapConfig
+from asr_grpo.experience.tensors import pad_ragged
+from asr_grpo.experience.types import ExperienceItem
+from asr_grpo.models.critic import response_values
+from asr_grpo.models.sequences import SequenceBatch, pack_sequences, response_logits
+
+
+def pack_items(items: Sequence[ExperienceItem], pad_id: int) -> SequenceBatch:
+    return pack_sequences([it.prompt_ids for it in items], [it.response_ids for it in items],
+                          [it.features for it in items], pad_id)
+
+
+def _field(items: Sequence[ExperienceItem], name: str, width: int) -> torch.Tensor:
+    return pad_ragged([getattr(it, name) for it in items], width)
+
+
+def actor_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig, pad_id: int,
+               overlap: OverlapConfig | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    batch = pack_items(items, pad_id)
+    T = batch.response_ids.shape[1]
+    mask = batch.response_mask
+    logits = response_logits(model, batch)
+    if algo.temperature not in (0.0, 1.0):
+        logits = logits / algo.temperature
+    logp = logprobs_from_logits(logits, batch.response_ids)
+    old = _field(items, "old_logprobs", T)
+    weights = None
+    if overlap is not None and overlap.stale_is_correction:
+        # Tokens decoded by an older policy (carried over by overcommit): truncated IS.
+        weights = truncated_importance_weights(old, _field(items, "behaviour_logprobs", T), overlap.stale_is_clip)
+    loss, metrics = policy_loss(logp, old, _field(items, "advantages", T), mask, algo.eps_clip_low,
+                                algo.eps_clip_high, algo.dual_clip, algo.loss_agg, importance_weights=weights)
+    metrics = {f"policy/{k}": v for k, v in metrics.items()}
+    metrics["loss/policy"] = loss.detach()
+    if not algo.kl_in_reward and algo.kl_coef > 0:
+        kl = kl_penalty(logp, _field(items, "ref_logprobs", T), algo.kl_estimator)
+        kl_loss = aggregate_loss(kl, mask, algo.loss_agg)
+        loss = loss + algo.kl_coef * kl_loss
+        metrics["kl/loss"] = kl_loss.detach()
+    entropy = aggregate_loss(entropy_from_logits(logits.detach() if algo.entropy_coef == 0 else logits),
+                             mask, algo.loss_agg)
+    if algo.entropy_coef:
+        loss = loss - algo.entropy_coef * entropy
+    metrics["policy/entropy"] = entropy.detach()
+    metrics["loss/actor_total"] = loss.detach()
+    return loss, metrics
+
+
+def critic_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig, pad_id: int
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    batch = pack_items(items, pad_id)
+    T = batch.response_ids.shape[1]
+    values = response_values(model, batch)
+    loss, metrics = value_loss(values, _field(items, "old_values", T), _field(items, "returns", T),
+                               batch.response_mask, algo.value_clip, algo.loss_agg)
+    metrics = {f"critic/{k}": v for k, v in metrics.items()}
+    metrics["loss/value"] = loss.detach()
+    return loss, metrics

@@ -1,0 +1,100 @@
+"""Turn finished prompt groups into experience: score every sequence (old and reference
+log-probs, critic values, rewards: the scorers run concurrently), then advantages."""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import ray
+import torch
+
+from asr_grpo.config.schema import RunConfig
+from asr_grpo.experience.advantages import estimate_advantages
+from asr_grpo.experience.types import ExperienceItem, PromptGroup, SequenceRef
+from asr_grpo.rewards.combine import RewardResult
+from asr_grpo.rollout.types import SequenceResult
+
+
+def split_even(items: Sequence, parts: int) -> list[list]:
+    """Contiguous, near-equal shards (order preserved when concatenated back)."""
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(list(items[start:end]))
+        start = end
+    return out
+
+
+def _scatter_gather(group, method: str, items: list) -> list:
+    shards = split_even(items, group.world_size)
+    return [x for part in ray.get(group.call_split(method, shards)) for x in part]
+
+
+class ExperienceMaker:
+    def __init__(self, cfg: RunConfig, tokenizer, policy, ref, critic, reward):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.policy, self.ref, self.critic, self.reward = policy, ref, critic, reward
+
+    def reward_batch(self, groups: list[PromptGroup], seqs: list[SequenceResult]) -> dict:
+        by_uid = {g.uid: g for g in groups}
+        utts = [by_uid[s.group].utterance for s in seqs]
+        responses = self.tokenizer.batch_decode([s.tokens for s in seqs], skip_special_tokens=True)
+        prompts = [""] * len(seqs)  # the prompt is audio; its text part is the fixed request
+        return {"queries": responses, "prompts": prompts, "labels": [u["text"] for u in utts],
+                "responses": responses, "languages": [u["language"] for u in utts],
+                "keywords": [list(u["keywords"]) for u in utts],
+                "finish_reasons": [s.finish_reason for s in seqs], "sample_ids": [s.uid for s in seqs]}
+
+    def make(self, groups: list[PromptGroup], results: dict[str, list[SequenceResult]]
+             ) -> tuple[list[ExperienceItem], dict[str, float]]:
+        algo = self.cfg.algorithm
+        by_uid = {g.uid: g for g in groups}
+        seqs = [s for g in groups for s in results[g.uid]]
+        refs = [SequenceRef(s.uid, by_uid[s.group].prompt_ids, s.tokens, by_uid[s.group].features) for s in seqs]
+        t0 = time.monotonic()
+        # Launch every scorer before waiting on any: they live in different actors.
+        pending = {"old": self.policy.call_split("compute_logprobs", split_even(refs, self.policy.world_size))}
+        if self.ref is not None:
+            pending["ref"] = self.ref.call_split("compute_logprobs", split_even(refs, self.ref.world_size))
+        if self.critic is not None:
+            pending["values"] = self.critic.call_split("compute_values", split_even(refs, self.critic.world_size))
+        batch = self.reward_batch(groups, seqs)
+        reward_shards = split_even(list(range(len(seqs))), self.reward.world_size)
+        pending["reward"] = [w.score.remote({k: [v[i] for i in idx] for k, v in batch.items()})
+                             for w, idx in zip(self.reward.handles, reward_shards) if idx]
+        got = {k: ray.get(v) for k, v in pending.items()}
+        score_s = time.monotonic() - t0
+        old = [x for part in got["old"] for x in part]
+        ref = [x for part in got["ref"] for x in part] if "ref" in got else None
+        values = [x for part in got["values"] for x in part] if "values" in got else None
+        reward = RewardResult.cat([RewardResult.from_dict(d) for d in got["reward"]])
+        dropped_groups = 0
+        if reward.num_dropped:
+            # reward.on_bad_reward=drop: a group with a bad sample leaves whole, so group
+            # statistics (GRPO baselines) never see a hole.
+            bad = {s.group for s, k in zip(seqs, reward.keep.tolist()) if not k}
+            keep = [i for i, s in enumerate(seqs) if s.group not in bad]
+            dropped_groups = len(bad)
+            seqs, refs, old = [seqs[i] for i in keep], [refs[i] for i in keep], [old[i] for i in keep]
+            ref = None if ref is None else [ref[i] for i in keep]
+            values = None if values is None else [values[i] for i in keep]
+            reward = RewardResult(total=reward.total[keep], scores=reward.scores[keep],
+                                  components={k: v[keep] for k, v in reward.components.items()},
+                                  keep=torch.ones(len(keep), dtype=torch.bool))
+        adv = estimate_advantages(algo, reward.total, [len(s.tokens) for s in seqs], old, ref, values,
+                                  algo.n_samples_per_prompt)
+        items = [ExperienceItem(uid=s.uid, group=s.group, prompt_ids=r.prompt_ids, response_ids=s.tokens,
+                                features=r.features, advantages=adv.advantages[i], old_logprobs=old[i],
+                                behaviour_logprobs=torch.tensor(s.logprobs), versions=list(s.versions),
+                                ref_logprobs=None if ref is None else ref[i],
+                                returns=None if adv.returns is None else adv.returns[i],
+                                old_values=None if values is None else values[i])
+                 for i, (s, r) in enumerate(zip(seqs, refs))]
+        lengths = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.float32)
+        metrics = {**reward.log("reward/"), **adv.metrics, "perf/time/scoring": score_s,
+                   "reward/dropped_groups": float(dropped_groups),
+                   "charts/response_length": float(lengths.mean()),
+                   "charts/truncated_frac": sum(s.finish_reason == "length" for s in seqs) / max(1, len(seqs)),
+                   "charts/advantage_abs": float(torch.cat(adv.advantages).abs().mean()) if seqs else 0.0}
+        return items, metrics

@@ -1,0 +1,39 @@
+"""The PPO critic: the policy's backbone (audio encoder + adapter + LM body) with a
+scalar value head, initialised from the same checkpoint as the policy."""
+from __future__ import annotations
+
+import torch
+from transformers import Qwen3ASRForConditionalGeneration
+
+from asr_grpo.models.builder import set_audio_encoder_frozen
+from asr_grpo.models.sequences import SequenceBatch
+
+
+class ValueModel(torch.nn.Module):
+    def __init__(self, backbone, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = torch.nn.Linear(hidden_size, 1)
+        # Start at V = 0 so the first updates are driven by returns, not by noise.
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_pretrained(cls, path: str, freeze_audio_encoder: bool = True) -> "ValueModel":
+        policy = Qwen3ASRForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+        set_audio_encoder_frozen(policy, freeze_audio_encoder)
+        return cls(policy.model, policy.config.text_config.hidden_size)
+
+    @property
+    def audio_tower(self):
+        return self.backbone.audio_tower
+
+    def forward(self, **inputs) -> torch.Tensor:
+        hidden = self.backbone(**inputs, use_cache=False).last_hidden_state
+        return self.value_head(hidden).squeeze(-1)
+
+
+def response_values(model: ValueModel, batch: SequenceBatch) -> torch.Tensor:
+    """V(state before response token j) [B, T]: read at the column that predicts token j."""
+    values = model(**batch.model_inputs())
+    return values[:, batch.prompt_width - 1:-1] * batch.response_mask

@@ -1,0 +1,227 @@
+"""The RL recipe (GRPO / PPO): setup -> train -> save -> cleanup.
+
+One step: rollout (scheduler) -> scoring (old/ref log-probs, values, rewards, run
+concurrently in their roles) -> advantages -> policy and critic updates (DeepSpeed) ->
+weight sync to separate rollout workers -> metrics to MLflow.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from asr_grpo.config.schema import RunConfig
+from asr_grpo.config.validate import validate_config
+from asr_grpo.data import AsrDataset, resolve_manifests
+from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
+from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
+from asr_grpo.distributed.role_group import RoleGroup
+from asr_grpo.distributed.roles.critic import CriticRole
+from asr_grpo.distributed.roles.policy import PolicyRole
+from asr_grpo.distributed.roles.reference import ReferenceRole
+from asr_grpo.experience.maker import ExperienceMaker, split_even
+from asr_grpo.experience.prompts import PromptSampler, build_group
+from asr_grpo.models import is_complete_checkpoint, load_processor
+from asr_grpo.overlap.serial import SerialRollout
+from asr_grpo.recipes import checkpointing as ckpt
+from asr_grpo.rewards.text import error_rates_by_language
+from asr_grpo.rewards.worker import RewardWorker
+from asr_grpo.tracking import MlflowRun
+
+log = logging.getLogger(__name__)
+
+
+def ensure_sft_checkpoint(cfg: RunConfig | DictConfig) -> None:
+    """The default model.path is the SFT checkpoint: build it (corpus + SFT) when missing."""
+    if is_complete_checkpoint(cfg.model.path):
+        return
+    if Path(cfg.model.path).resolve() != Path(cfg.sft.output_dir).resolve():
+        raise FileNotFoundError(f"model.path={cfg.model.path} is not a complete HF checkpoint folder")
+    log.info("no SFT checkpoint at %s: building the corpus and running SFT first", cfg.model.path)
+    from asr_grpo.recipes.sft import run_sft
+
+    run_sft(cfg)
+
+
+def optimizer_steps_per_rl_step(cfg) -> int:
+    per_rank = cfg.trainer.prompts_per_step * cfg.algorithm.n_samples_per_prompt // cfg.placement.actor_num_ranks
+    micro = math.ceil(per_rank / cfg.trainer.micro_batch_size)
+    return max(1, cfg.trainer.train_epochs * micro // cfg.trainer.grad_accum_steps)
+
+
+class RLRecipe:
+    def __init__(self, cfg: RunConfig | DictConfig, run_name: str = "rl"):
+        self.cfg, self.run_name = cfg, run_name
+        self.step = 0
+
+    # ---- setup ---------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        validate_config(cfg)
+        counts = role_counts(cfg.placement, use_critic=cfg.algorithm.use_critic,
+                             use_ref=cfg.algorithm.kl_coef > 0)
+        if cfg.placement.colocate:
+            counts["rollout"] = 0   # the policy ranks roll out with their own weights
+        self.plan = plan_placement(cfg.placement, counts)   # fails here, before Ray starts
+        ensure_sft_checkpoint(cfg)
+        self.processor = load_processor(cfg.model.path)
+        manifests = resolve_manifests(cfg.data, cfg.paths.output_root)
+        self.train_set = AsrDataset(manifests.train, cfg.data)
+        self.dev_set = AsrDataset(manifests.dev, cfg.data)
+        self.sampler = PromptSampler(len(self.train_set), cfg.seed)
+
+        start_ray(cfg.placement)
+        self.pg = create_placement_group(self.plan) if self.plan.bundles else None
+        cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+        opt_steps = cfg.trainer.steps * optimizer_steps_per_rl_step(cfg)
+        mk = lambda role, cls, **kw: RoleGroup(role, cls, self.plan, self.pg, init_kwargs=kw)  # noqa: E731
+        self.policy = mk("actor", PolicyRole, cfg=cfg_dict, optimizer_steps=opt_steps)
+        self.ref = mk("ref", ReferenceRole, cfg=cfg_dict) if counts["ref"] else None
+        self.critic = mk("critic", CriticRole, cfg=cfg_dict, optimizer_steps=opt_steps) if counts["critic"] else None
+        self.reward = mk("reward", RewardWorker, reward_file=cfg.reward.reward_file,
+                         weights=dict(cfg.reward.weights), timeout_s=cfg.reward.timeout_s,
+                         on_bad_reward=cfg.reward.on_bad_reward)
+        self.rollout_group = None
+        self.groups = [g for g in (self.policy, self.ref, self.critic, self.reward) if g is not None]
+        for g in self.groups:
+            g.wait_ready()
+        self.scheduler = SerialRollout(self.policy if self.rollout_group is None else self.rollout_group)
+        self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward)
+        self.placement = {g.role: g.placement_report() for g in self.groups}
+
+    # ---- one step ---------------------------------------------------------------------
+    def _prompt_groups(self, step: int) -> list:
+        n = self.cfg.algorithm.n_samples_per_prompt
+        idx = self.sampler.next(self.cfg.trainer.prompts_per_step)
+        return [build_group(self.processor, self.train_set[i], n, f"s{step}:{self.train_set.utterances[i].id}", step)
+                for i in idx]
+
+    def train_step(self, step: int) -> dict[str, float]:
+        t0 = time.monotonic()
+        groups = self._prompt_groups(step)
+        t_roll = time.monotonic()
+        results = self.scheduler.run(groups)
+        t_score = time.monotonic()
+        items, metrics = self.maker.make(groups, results)
+        t_train = time.monotonic()
+        trainers = [g for g in (self.policy, self.critic) if g is not None]
+        pending = [g.call_split("train", split_even(items, g.world_size)) for g in trainers]
+        for refs in pending:
+            metrics.update(mean_over_ranks(ray.get(refs)))
+        ray.get(self.policy.call("set_policy_version", step + 1))
+        t_end = time.monotonic()
+        metrics.update({"perf/time/prompts": t_roll - t0, "perf/time/rollout": t_score - t_roll,
+                        "perf/time/scoring_wall": t_train - t_score, "perf/time/training": t_end - t_train,
+                        "perf/time/step": t_end - t0, "charts/num_sequences": float(len(items))})
+        return metrics
+
+    # ---- evaluation ---------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Greedy CER/WER on the first `trainer.eval_max_utterances` dev utterances,
+        sharded over the policy ranks."""
+        n = min(len(self.dev_set), self.cfg.trainer.eval_max_utterances)
+        items = [self.dev_set[i] for i in range(n)]
+        shards = split_even(items, self.policy.world_size)
+        refs = [h.transcribe.remote([it["audio"] for it in s], [it["language"] for it in s])
+                for h, s in zip(self.policy.handles, shards)]
+        hyps = [h for part in ray.get(refs) for h in part]
+        return error_rates_by_language(hyps, [it["text"] for it in items], [it["language"] for it in items])
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def save(self, step: int, run_id: str) -> Path:
+        out = self.cfg.trainer.output_dir
+        staging = ckpt.staging_dir(out, step)
+        state = {"step": step, "sampler": self.sampler.state_dict(), "mlflow_run_id": run_id}
+        refs = self.policy.call("save", str(staging / "policy_ds"), "state", {"step": step}, str(staging / "hf"))
+        if self.critic is not None:
+            refs += self.critic.call("save", str(staging / "critic_ds"), "state")
+        ray.get(refs)
+        return ckpt.commit(out, staging, step, state)
+
+    def resume(self) -> dict | None:
+        path = ckpt.latest_checkpoint(self.cfg.trainer.output_dir)
+        if path is None:
+            log.warning("trainer.resume=true but no checkpoint in %s: starting fresh", self.cfg.trainer.output_dir)
+            return None
+        state = ckpt.read_driver_state(path)
+        refs = self.policy.call("load", str(path / "policy_ds"), "state")
+        if self.critic is not None:
+            refs += self.critic.call("load", str(path / "critic_ds"), "state")
+        ray.get(refs)
+        ray.get(self.policy.call("set_policy_version", state["step"]))
+        self.sampler.load_state_dict(state["sampler"])
+        log.info("resumed from %s (step %d)", path, state["step"])
+        return state
+
+    # ---- the loop -----------------------------------------------------------------------
+    def train(self) -> dict:
+        cfg = self.cfg
+        resumed = self.resume() if cfg.trainer.resume else None
+        start = resumed["step"] if resumed else 0
+        run_id = resumed["mlflow_run_id"] if resumed else None
+        summary: dict = {}
+        with MlflowRun(cfg.logger, self.run_name, config=cfg, resume_run_id=run_id,
+                       tags={"stage": "rl", "overlap": cfg.overlap.mode, "placement": cfg.placement.name,
+                             "algorithm": cfg.algorithm.name}) as tracker:
+            if not resumed:
+                tracker.log_summary(self.placement, "placement.json")
+                tracker.log_params(placement_params(self.placement))
+                first = self.evaluate()
+                tracker.log_metrics({f"eval/{k}": v for k, v in first.items()}, step=0)
+                summary["eval_before"] = first
+            t_start = time.monotonic()
+            bar = tqdm(range(start, cfg.trainer.steps), desc="rl", dynamic_ncols=True,
+                       initial=start, total=cfg.trainer.steps)
+            last_eval: dict[str, float] = {}
+            for step in bar:
+                metrics = self.train_step(step)
+                done = step + 1
+                if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or done == cfg.trainer.steps):
+                    last_eval = self.evaluate()
+                    metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
+                metrics["perf/wall_clock"] = time.monotonic() - t_start
+                tracker.log_metrics(metrics, step=done)
+                if cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or done == cfg.trainer.steps):
+                    self.save(done, tracker.run_id)
+                bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}",
+                                cer=f"{last_eval.get('cer', float('nan')):.3f}",
+                                step_s=f"{metrics['perf/time/step']:.1f}")
+                self.step = done
+            summary.update({"steps": self.step, "train_seconds": time.monotonic() - t_start,
+                            "eval_after": last_eval, "mlflow_run_id": tracker.run_id})
+            tracker.log_summary(summary)
+        return summary
+
+    def cleanup(self) -> None:
+        for g in getattr(self, "groups", []):
+            g.kill()
+        shutdown_ray()
+
+
+def mean_over_ranks(outs: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for o in outs for k in o}
+    return {k: float(np.mean([o[k] for o in outs if k in o])) for k in keys}
+
+
+def placement_params(report: dict) -> dict[str, str]:
+    """Where each role rank landed (read back from Ray), as MLflow params."""
+    out = {}
+    for role, ranks in report.items():
+        for r in ranks:
+            out[f"placement.{role}.{r.get('rank', 0)}"] = f"bundle={r.get('bundle_index')} node={str(r.get('node_id', ''))[:8]}"
+    return out
+
+
+def run_rl(cfg: RunConfig | DictConfig, run_name: str = "rl") -> dict:
+    recipe = RLRecipe(cfg, run_name)
+    try:
+        recipe.setup()
+        return recipe.train()
+    finally:
+        recipe.cleanup()
