@@ -40,7 +40,9 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
     """Join the default process group (idempotent); returns the backend in use.
 
     DeepSpeed reads RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from the environment, so they
-    are set here rather than passed, exactly as a launcher would.
+    are set here rather than passed, exactly as a launcher would. `local_rank` is the
+    device index among this process's visible devices (defaults to `rank`, right for
+    one host; pass 0 in a Ray actor that sees only its own GPU).
     """
     if not torch.cuda.is_available():
         # Must precede the first `import deepspeed`, which picks the accelerator once.

@@ -21,10 +21,12 @@ from asr_grpo.config.validate import validate_config
 from asr_grpo.data import AsrDataset, resolve_manifests
 from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
 from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
-from asr_grpo.distributed.role_group import RoleGroup
+from asr_grpo.distributed.deepspeed_strategy import backend_for_device
+from asr_grpo.distributed.role_group import RoleGroup, free_port
 from asr_grpo.distributed.roles.critic import CriticRole
 from asr_grpo.distributed.roles.policy import PolicyRole
 from asr_grpo.distributed.roles.reference import ReferenceRole
+from asr_grpo.distributed.roles.rollout import RolloutRole
 from asr_grpo.experience.maker import ExperienceMaker, split_even
 from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.models import is_complete_checkpoint, load_processor
@@ -68,6 +70,7 @@ class RLRecipe:
                              use_ref=cfg.algorithm.kl_coef > 0)
         if cfg.placement.colocate:
             counts["rollout"] = 0   # the policy ranks roll out with their own weights
+        self.separate_rollout = counts["rollout"] > 0
         self.plan = plan_placement(cfg.placement, counts)   # fails here, before Ray starts
         ensure_sft_checkpoint(cfg)
         self.processor = load_processor(cfg.model.path)
@@ -87,13 +90,34 @@ class RLRecipe:
         self.reward = mk("reward", RewardWorker, reward_file=cfg.reward.reward_file,
                          weights=dict(cfg.reward.weights), timeout_s=cfg.reward.timeout_s,
                          on_bad_reward=cfg.reward.on_bad_reward)
-        self.rollout_group = None
-        self.groups = [g for g in (self.policy, self.ref, self.critic, self.reward) if g is not None]
+        self.rollout_group = mk("rollout", RolloutRole, cfg=cfg_dict) if self.separate_rollout else None
+        self.groups = [g for g in (self.policy, self.ref, self.critic, self.reward, self.rollout_group)
+                       if g is not None]
         for g in self.groups:
             g.wait_ready()
+        if self.rollout_group is not None:
+            self._join_weight_sync()
         self.scheduler = SerialRollout(self.policy if self.rollout_group is None else self.rollout_group)
         self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward)
         self.placement = {g.role: g.placement_report() for g in self.groups}
+
+    # ---- weight sync (placement=separate) ------------------------------------------------
+    def _join_weight_sync(self) -> None:
+        world = 1 + self.rollout_group.world_size
+        addr, port = self.policy.master_addr, free_port()
+        backend = backend_for_device()
+        # The remote members first: creating the group blocks until all have joined.
+        refs = [h.join_weight_sync.remote(addr, port, i + 1, world, backend)
+                for i, h in enumerate(self.rollout_group.handles)]
+        ray.get(refs + self.policy.call("join_weight_sync", addr, port, world, backend))
+
+    def sync_weights(self, version: int) -> float:
+        """Push the policy's weights to the rollout workers; returns seconds spent."""
+        t0 = time.monotonic()
+        if self.rollout_group is not None:
+            ray.get(self.rollout_group.call("receive_weights", version) + self.policy.call("broadcast_weights"))
+        ray.get(self.policy.call("set_policy_version", version))
+        return time.monotonic() - t0
 
     # ---- one step ---------------------------------------------------------------------
     def _prompt_groups(self, step: int) -> list:
@@ -114,10 +138,12 @@ class RLRecipe:
         pending = [g.call_split("train", split_even(items, g.world_size)) for g in trainers]
         for refs in pending:
             metrics.update(mean_over_ranks(ray.get(refs)))
-        ray.get(self.policy.call("set_policy_version", step + 1))
+        t_sync = time.monotonic()
+        sync_s = self.sync_weights(step + 1)
         t_end = time.monotonic()
         metrics.update({"perf/time/prompts": t_roll - t0, "perf/time/rollout": t_score - t_roll,
-                        "perf/time/scoring_wall": t_train - t_score, "perf/time/training": t_end - t_train,
+                        "perf/time/scoring_wall": t_train - t_score, "perf/time/training": t_sync - t_train,
+                        "perf/time/sync": sync_s,
                         "perf/time/step": t_end - t0, "charts/num_sequences": float(len(items))})
         return metrics
 
@@ -154,7 +180,7 @@ class RLRecipe:
         if self.critic is not None:
             refs += self.critic.call("load", str(path / "critic_ds"), "state")
         ray.get(refs)
-        ray.get(self.policy.call("set_policy_version", state["step"]))
+        self.sync_weights(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         log.info("resumed from %s (step %d)", path, state["step"])
         return state

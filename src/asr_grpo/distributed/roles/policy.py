@@ -13,6 +13,7 @@ from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
 from asr_grpo.distributed.roles.base import ModelRole, join_process_group
 from asr_grpo.distributed.roles.rollout_host import RolloutHost, sampling_params
 from asr_grpo.distributed.roles.training import run_updates
+from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_model
 from asr_grpo.evaluation import transcribe
 from asr_grpo.experience.losses import actor_loss
 from asr_grpo.experience.types import ExperienceItem, SequenceRef
@@ -31,6 +32,7 @@ class PolicyRole(ModelRole, RolloutHost):
                                            num_training_steps=optimizer_steps)
         tok = self.processor.tokenizer
         self.pad_id = tok.pad_token_id
+        self.sync: WeightSyncGroup | None = None
         self.engine = HFChunkedEngine(self.train_engine.module, model.generation_config.eos_token_id,
                                       self.pad_id, sampling_params(self.cfg.algorithm, self.cfg.seed),
                                       max_batch_size=self.cfg.trainer.rollout_batch_size)
@@ -68,8 +70,16 @@ class PolicyRole(ModelRole, RolloutHost):
         _set_rng_state(state.pop("rng", None))
         return state
 
-    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        return self.train_engine.full_state_dict(rank0_only=True)
+    # ---- weight sync to separate rollout workers -------------------------------------
+    def join_weight_sync(self, master_addr: str, master_port: int, world_size: int, backend: str) -> None:
+        """Only trainer rank 0 is a member of the sync group (rank 0 in it)."""
+        if self.rank == 0:
+            self.sync = WeightSyncGroup.create(master_addr, master_port, 0, world_size, backend)
+
+    def broadcast_weights(self) -> None:
+        """Collective over the trainer ranks (ZeRO-3 gathers each parameter); rank 0 sends."""
+        broadcast_model(self.train_engine.module, self.train_engine.zero_stage,
+                        self.sync if self.rank == 0 else None)
 
 
 def _rng_state() -> dict:
