@@ -114,3 +114,18 @@ def test_freeze_switch_keeps_encoder_fixed_and_trains_the_rest(processor, tokeni
     assert not torch.equal(model.model.multi_modal_projector.linear_1.weight, adapter_before)
     unfrozen = set_audio_encoder_frozen(model, False)
     assert unfrozen.frozen == 0
+
+
+def test_fresh_encoder_frames_carry_the_audio(processor, tokenizer):
+    """From-scratch init keeps the mel signal above the encoder's positional embedding:
+    with HF's N(0, 0.02) conv init every frame looked alike (cosine ~0.9997)."""
+    model = build_model(ModelConfig(), tokenizer, seed=0).eval()
+    t = np.linspace(0, 2, 32000, dtype=np.float32)
+    chirp = (0.5 * np.sin(2 * np.pi * (200 + 900 * t) * t)).astype(np.float32)
+    feats = processor.feature_extractor([chirp], sampling_rate=16000, return_attention_mask=True,
+                                        padding=True, return_tensors="pt")
+    with torch.no_grad():
+        frames = model.model.audio_tower(input_features=feats["input_features"],
+                                         input_features_mask=feats["attention_mask"]).last_hidden_state
+    unit = torch.nn.functional.normalize(frames, dim=-1)
+    assert float((unit @ unit.T).mean()) < 0.9

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from typing import Any, Iterator, Optional
 
 import torch
+
 
 SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
 # DeepSpeed prints a line every `steps_per_print` steps; our own logger does that job.
@@ -26,12 +26,6 @@ _QUIET_STEPS = 10**9
 def backend_for_device() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
-
-def free_port() -> int:
-    """A TCP port free right now on this host (for MASTER_PORT / a sync group's store)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",

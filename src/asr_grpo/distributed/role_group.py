@@ -11,21 +11,15 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from typing import Any, Optional, Sequence
 
+from .net import free_port
 from .placement import PlacementPlan, Slot
 
 DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # Placement-group resources are granted under names like "GPU_group_1_<pg id hex>".
 _PG_RESOURCE = re.compile(r"^.+_group_(\d+)_([0-9a-f]+)$")
 
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def where_am_i() -> dict:

@@ -9,6 +9,7 @@ import torch
 from asr_grpo.algorithms import (
     aggregate_loss,
     entropy_from_logits,
+    explained_variance,
     kl_penalty,
     logprobs_from_logits,
     policy_loss,
@@ -71,5 +72,7 @@ def critic_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig, p
     loss, metrics = value_loss(values, _field(items, "old_values", T), _field(items, "returns", T),
                                batch.response_mask, algo.value_clip, algo.loss_agg)
     metrics = {f"critic/{k}": v for k, v in metrics.items()}
+    metrics["critic/explained_variance"] = explained_variance(values.detach(), _field(items, "returns", T),
+                                                              batch.response_mask)
     metrics["loss/value"] = loss.detach()
     return loss, metrics

@@ -8,6 +8,7 @@ from asr_grpo.models.builder import (
     load_processor,
     parameter_counts,
     set_audio_encoder_frozen,
+    suppressed_token_ids,
     tiny_config,
 )
 from asr_grpo.models.checkpoint import checkpoint_metadata, is_complete_checkpoint, save_hf_checkpoint
@@ -24,5 +25,5 @@ __all__ = [
     "IGNORE_INDEX", "ParameterCounts", "SPECIAL_TOKENS", "audio_encoder", "build_model", "build_processor",
     "checkpoint_metadata", "decode_responses", "encode_requests", "encode_supervised",
     "is_complete_checkpoint", "load_model", "load_processor", "parameter_counts", "save_hf_checkpoint",
-    "set_audio_encoder_frozen", "tiny_config", "train_tokenizer", "transcription_prompts",
+    "set_audio_encoder_frozen", "suppressed_token_ids", "tiny_config", "train_tokenizer", "transcription_prompts",
 ]

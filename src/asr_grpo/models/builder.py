@@ -77,8 +77,26 @@ def tiny_config(cfg: ModelConfig, tokenizer) -> Qwen3ASRConfig:
 def build_model(cfg: ModelConfig, tokenizer, seed: int = 0) -> Qwen3ASRForConditionalGeneration:
     torch.manual_seed(seed)
     model = Qwen3ASRForConditionalGeneration(tiny_config(cfg, tokenizer))
+    init_audio_frontend(model)
     _set_generation_defaults(model, tokenizer)
     return model.to(getattr(torch, cfg.dtype))
+
+
+@torch.no_grad()
+def init_audio_frontend(model: Qwen3ASRForConditionalGeneration) -> None:
+    """Fan-in scaled init for the encoder's conv stack, for training from scratch.
+
+    HF initialises every conv/linear with N(0, 0.02), made for loading pretrained
+    weights: through three stride-2 convs (fan-in 9, then 9 x channels) the mel signal
+    shrinks ~1000x and drowns under the encoder's per-chunk positional embedding, so
+    every audio frame looks alike and the decoder has nothing to listen to. Kaiming
+    init keeps the signal at unit scale.
+    """
+    enc = audio_encoder(model)
+    for conv in (enc.conv2d1, enc.conv2d2, enc.conv2d3):
+        torch.nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")  # GELU ~ ReLU gain
+        torch.nn.init.zeros_(conv.bias)
+    torch.nn.init.kaiming_normal_(enc.conv_out.weight, nonlinearity="linear")
 
 
 def load_processor(path: str) -> Qwen3ASRProcessor:
@@ -93,11 +111,21 @@ def load_model(path: str, dtype: str = "float32"):
     return model, processor
 
 
+def suppressed_token_ids(tokenizer, eos_token_ids) -> list[int]:
+    """Special tokens a transcript must never contain (audio placeholders, role and tag
+    markers): one sampled `<|audio_pad|>` would shift the audio splice on re-scoring."""
+    special = set(tokenizer.all_special_ids) | set(
+        tokenizer.convert_tokens_to_ids([tokenizer.audio_token, tokenizer.audio_bos_token,
+                                         tokenizer.audio_eos_token]))
+    return sorted(special - set(eos_token_ids))
+
+
 def _set_generation_defaults(model, tokenizer) -> None:
     gen = model.generation_config
     gen.pad_token_id = tokenizer.pad_token_id
     gen.eos_token_id = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.pad_token_id]
     gen.bos_token_id = None
+    gen.suppress_tokens = suppressed_token_ids(tokenizer, gen.eos_token_id)
 
 
 def audio_encoder(model: Qwen3ASRForConditionalGeneration) -> torch.nn.Module:

@@ -8,10 +8,15 @@ import numpy as np
 
 
 def length_grouped_batches(durations: Sequence[float], max_batch_size: int, max_batch_seconds: float,
-                           rng: np.random.Generator, pool_factor: int = 32) -> Iterator[list[int]]:
-    """One epoch of batches: shuffle, sort within pools of ~pool_factor batches, cut by budget, shuffle."""
+                           rng: np.random.Generator, pool_factor: int = 32,
+                           shortest_first: bool = False) -> Iterator[list[int]]:
+    """One epoch of batches: shuffle, sort within pools of ~pool_factor batches, cut by budget, shuffle.
+
+    shortest_first (SortaGrad): one pool, batches in increasing length. Short utterances
+    first let a model trained from scratch find the audio-text alignment sooner.
+    """
     order = rng.permutation(len(durations))
-    pool = max_batch_size * pool_factor
+    pool = len(order) if shortest_first else max_batch_size * pool_factor
     batches: list[list[int]] = []
     for start in range(0, len(order), pool):
         chunk = sorted(order[start:start + pool], key=lambda i: durations[i])
@@ -27,5 +32,5 @@ def length_grouped_batches(durations: Sequence[float], max_batch_size: int, max_
             longest = longest_if_added
         if batch:
             batches.append(batch)
-    for b in rng.permutation(len(batches)):
+    for b in (range(len(batches)) if shortest_first else rng.permutation(len(batches))):
         yield batches[b]

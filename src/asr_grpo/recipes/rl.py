@@ -17,12 +17,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from asr_grpo.config.schema import RunConfig
-from asr_grpo.config.validate import validate_config
+from asr_grpo.config.validate import ConfigError, validate_config
 from asr_grpo.data import AsrDataset, resolve_manifests
 from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
 from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
 from asr_grpo.distributed.deepspeed_strategy import backend_for_device
-from asr_grpo.distributed.role_group import RoleGroup, free_port
+from asr_grpo.distributed.net import free_port
+from asr_grpo.distributed.role_group import RoleGroup
 from asr_grpo.distributed.roles.critic import CriticRole
 from asr_grpo.distributed.roles.policy import PolicyRole
 from asr_grpo.distributed.roles.reference import ReferenceRole
@@ -37,6 +38,7 @@ from asr_grpo.rewards.worker import RewardWorker
 from asr_grpo.tracking import MlflowRun
 
 log = logging.getLogger(__name__)
+SUPPORTED_OVERLAP = ("none",)
 
 
 def ensure_sft_checkpoint(cfg: RunConfig | DictConfig) -> None:
@@ -66,6 +68,9 @@ class RLRecipe:
     def setup(self) -> None:
         cfg = self.cfg
         validate_config(cfg)
+        if cfg.overlap.mode not in SUPPORTED_OVERLAP:
+            raise ConfigError(f"overlap={cfg.overlap.mode}: only {', '.join(SUPPORTED_OVERLAP)} is available "
+                              f"in this version (the OPPO scheduler is not built yet)")
         counts = role_counts(cfg.placement, use_critic=cfg.algorithm.use_critic,
                              use_ref=cfg.algorithm.kl_coef > 0)
         if cfg.placement.colocate:

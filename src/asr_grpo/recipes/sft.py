@@ -40,24 +40,29 @@ def seed_everything(seed: int) -> None:
 
 
 class CTCHead(torch.nn.Module):
-    """Linear projection of adapter frames to vocab + blank; used only during SFT."""
+    """CTC over the adapter's audio frames, scored against the LM's own token embeddings
+    (plus a learned blank): frames are pulled towards the embeddings of the words they
+    carry, so the LM can read audio tokens almost like text from the start. SFT only;
+    the checkpoint keeps just the Qwen3-ASR weights (the blank vector is dropped)."""
 
-    def __init__(self, hidden: int, vocab_size: int):
+    def __init__(self, embeddings: torch.nn.Embedding):
         super().__init__()
-        self.blank = vocab_size
-        self.proj = torch.nn.Linear(hidden, vocab_size + 1)
+        self.embeddings = embeddings
+        self.blank = torch.nn.Parameter(torch.zeros(1, embeddings.embedding_dim))
+        self.blank_id = embeddings.num_embeddings
 
     def loss(self, frames: torch.Tensor, frame_lens: torch.Tensor, labels: torch.Tensor,
              eos_id: int) -> torch.Tensor:
         # Targets: the transcript tokens (labels without the ignore index and the EOS).
         targets = [row[(row != IGNORE_INDEX) & (row != eos_id)] for row in labels]
         target_lens = torch.tensor([len(t) for t in targets])
-        logp = F.log_softmax(self.proj(frames), dim=-1)
+        table = torch.cat([self.embeddings.weight, self.blank], dim=0)
+        logp = F.log_softmax(frames @ table.t(), dim=-1)
         # frames arrive flattened over the batch: split per utterance and pad to [T, B, V].
         per_utt = torch.split(logp, frame_lens.tolist())
         padded = torch.nn.utils.rnn.pad_sequence(per_utt)
         return F.ctc_loss(padded, torch.cat(targets), frame_lens, target_lens,
-                          blank=self.blank, reduction="mean", zero_infinity=True)
+                          blank=self.blank_id, reduction="mean", zero_infinity=True)
 
 
 class SFTRecipe:
@@ -80,9 +85,8 @@ class SFTRecipe:
         self.model.train()
         self.counts = parameter_counts(self.model)
         self.eos_id = self.tokenizer.eos_token_id
-        hidden = self.model.config.text_config.hidden_size
-        self.ctc = CTCHead(hidden, len(self.tokenizer)) if cfg.sft.ctc_weight > 0 else None
-        params = list(self.model.parameters()) + (list(self.ctc.parameters()) if self.ctc else [])
+        self.ctc = CTCHead(self.model.get_input_embeddings()) if cfg.sft.ctc_weight > 0 else None
+        params = list(self.model.parameters()) + ([self.ctc.blank] if self.ctc else [])
         self.optimizer = torch.optim.AdamW(params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
         self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             self.optimizer, num_warmup_steps=cfg.sft.warmup_steps, num_training_steps=cfg.sft.max_steps,
@@ -127,7 +131,8 @@ class SFTRecipe:
         bar = tqdm(total=cfg.max_steps, desc="sft", dynamic_ncols=True)
         last_eval: dict[str, float] = {}
         while step < cfg.max_steps and time.monotonic() < deadline:
-            for idx in length_grouped_batches(durations, cfg.batch_size, cfg.max_batch_seconds, rng):
+            for idx in length_grouped_batches(durations, cfg.batch_size, cfg.max_batch_seconds, rng,
+                                              shortest_first=epoch == 0 and cfg.shortest_first_epoch):
                 loss, metrics = self._loss([self._item(i) for i in idx])
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -14,9 +14,11 @@ from asr_grpo.rollout.types import RolloutRequest, SamplingParams, SequenceState
 
 class HFChunkedEngine:
     def __init__(self, model, eos_token_ids: Sequence[int], pad_token_id: int,
-                 sampling: SamplingParams, max_batch_size: int = 64):
+                 sampling: SamplingParams, max_batch_size: int = 64,
+                 suppress_token_ids: Sequence[int] = ()):
         self.model = model
         self.eos = set(int(t) for t in eos_token_ids)
+        self.suppress = torch.as_tensor(list(suppress_token_ids), dtype=torch.long)
         self.pad_id = pad_token_id
         self.sampling = sampling
         self.max_batch_size = max_batch_size
@@ -81,7 +83,9 @@ class HFChunkedEngine:
         active = [not s.done for s in seqs]
         for _ in range(steps):
             tokens, logprobs = sample_tokens(logits, sp.temperature, sp.top_p, sp.seed,
-                                             [s.request.uid for s in seqs], [len(s.tokens) for s in seqs])
+                                             suppress=self.suppress,
+                                             uids=[s.request.uid for s in seqs],
+                                             positions=[len(s.tokens) for s in seqs])
             for i, s in enumerate(seqs):
                 if not active[i]:
                     continue

@@ -25,19 +25,22 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, seed: int,
-                  uids: Sequence[str], positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, seed: int, *,
+                  uids: Sequence[str], positions: Sequence[int],
+                  suppress: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; returns (tokens [B], behaviour log-probs [B]).
 
-    Gumbel-max with per-row generators. The log-prob is under the temperature-scaled
-    distribution (before top-p), the one the trainer recomputes.
+    Gumbel-max with per-row generators. `suppress` ids are never drawn. The log-prob
+    is under the temperature-scaled full distribution (before top-p and suppression),
+    the one the trainer recomputes, so PPO ratios compare like with like.
     """
     logits = logits.float()
+    scaled = logits / temperature if temperature > 0.0 else logits
+    allowed = scaled if suppress is None or not len(suppress) else scaled.index_fill(-1, suppress, float("-inf"))
     if temperature <= 0.0:
-        tokens = logits.argmax(dim=-1)
-        return tokens, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits / temperature
-    filtered = top_p_filter(scaled, top_p)
+        tokens = allowed.argmax(dim=-1)
+        return tokens, scaled.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+    filtered = top_p_filter(allowed, top_p)
     noise = torch.empty_like(filtered)
     for row, (uid, pos) in enumerate(zip(uids, positions)):
         gen = torch.Generator().manual_seed(token_seed(seed, uid, pos))

@@ -35,7 +35,8 @@ class PolicyRole(ModelRole, RolloutHost):
         self.sync: WeightSyncGroup | None = None
         self.engine = HFChunkedEngine(self.train_engine.module, model.generation_config.eos_token_id,
                                       self.pad_id, sampling_params(self.cfg.algorithm, self.cfg.seed),
-                                      max_batch_size=self.cfg.trainer.rollout_batch_size)
+                                      max_batch_size=self.cfg.trainer.rollout_batch_size,
+                                      suppress_token_ids=model.generation_config.suppress_tokens)
 
     def parameter_counts(self) -> dict[str, int]:
         return parameter_counts(self.train_engine.module).as_dict()

@@ -22,7 +22,8 @@ class RolloutRole(ModelRole, RolloutHost):
         self.pad_id = processor.tokenizer.pad_token_id
         self.engine = HFChunkedEngine(self.model, self.model.generation_config.eos_token_id, self.pad_id,
                                       sampling_params(self.cfg.algorithm, self.cfg.seed),
-                                      max_batch_size=self.cfg.trainer.rollout_batch_size)
+                                      max_batch_size=self.cfg.trainer.rollout_batch_size,
+                                      suppress_token_ids=self.model.generation_config.suppress_tokens)
         self.sync: WeightSyncGroup | None = None
 
     def join_weight_sync(self, master_addr: str, master_port: int, rank: int, world_size: int,

@@ -1,0 +1,180 @@
+"""Two DeepSpeed data-parallel ranks on CPU (gloo): replicas agree, frozen weights stay
+put, gradient accumulation equals the doubled micro-batch, a resumed run equals the
+uninterrupted one.
+
+Ranks run as plain subprocesses of this very file (`python <file> <rank> ...`): pytest's
+importlib mode leaves test modules unimportable by name, which rules out
+multiprocessing's spawn.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr_grpo.config.schema import TrainerConfig
+from asr_grpo.distributed.deepspeed_strategy import deepspeed_config
+from asr_grpo.distributed.net import free_port
+
+WORLD = 2
+K, J = 2, 2          # checkpoint after K optimizer steps, then J more
+MICRO, ACCUM = 2, 2  # run A; run B uses one micro-batch of MICRO * ACCUM
+CFG = dict(lr=1e-2, lr_warmup_steps=1, lr_scheduler="cosine", weight_decay=0.1,
+           grad_clip=0.5, num_threads=1, steps=6)
+
+
+def launch_ranks(script: str, out: Path, *args: str, world: int = WORLD, timeout: int = 600) -> None:
+    """Run `script` once per rank as `script RANK WORLD PORT OUT *args`; fail with the
+    ranks' stderr if any exits non-zero."""
+    port = str(free_port())
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, script, str(r), str(world), port, str(out), *args],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    failed = [(r, log) for r, (p, log) in enumerate(zip(procs, logs)) if p.returncode]
+    assert not failed, "\n".join(f"--- rank {r} ---\n{log[-4000:]}" for r, log in failed)
+
+
+# ---------------------------------------------------------------- config (fast) --
+def test_config_batch_sizes_and_flags():
+    cfg = deepspeed_config(TrainerConfig(micro_batch_size=3, grad_accum_steps=4, zero_stage=2), 2)
+    assert cfg["train_batch_size"] == 24
+    assert cfg["train_micro_batch_size_per_gpu"] == 3 and cfg["gradient_accumulation_steps"] == 4
+    assert cfg["zero_optimization"] == {"stage": 2}
+    assert not cfg["bf16"]["enabled"] and not cfg["fp16"]["enabled"]
+    assert cfg["zero_allow_untested_optimizer"] is True
+
+
+@pytest.mark.parametrize("key,value", [("zero_stage", 4), ("micro_batch_size", 0),
+                                       ("grad_accum_steps", 0), ("lr_scheduler", "step"),
+                                       ("grad_clip", -1.0), ("lr", 0.0)])
+def test_config_rejects_bad_values_naming_the_key(key, value):
+    with pytest.raises(ValueError, match=f"trainer.{key}"):
+        deepspeed_config(TrainerConfig(**{key: value}), 2)
+
+
+# ---------------------------------------------------------- 2 ranks (slow) --
+STAGES = (0, 1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """One pair of rank processes trains every ZeRO stage in turn: process start-up and
+    imports (~20 s on a busy 2-core box) dominate, so they are paid once."""
+    out = tmp_path_factory.mktemp("ds")
+    launch_ranks(__file__, out, ",".join(map(str, STAGES)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", STAGES)
+def test_two_rank_training(stage, runs):
+    res = [torch.load(runs / f"stage{stage}_rank{r}.pt") for r in range(WORLD)]
+    r0 = res[0]
+    init, final = r0["init"], r0["A"]
+    for name in init:
+        if name.startswith("encoder."):
+            assert torch.equal(final[name], init[name]), f"frozen {name} changed"
+        else:
+            assert not torch.allclose(final[name], init[name]), f"{name} did not train"
+    for name in final:
+        # Replicas agree (below ZeRO-3 each rank returns its own full copy).
+        assert torch.equal(res[1]["A"][name], final[name]), name
+        # grad_accum_steps=2 x micro 2 == one micro-batch of 4 (loss is a per-sample mean).
+        torch.testing.assert_close(r0["B"][name], final[name], rtol=1e-5, atol=1e-6)
+        # Resume at step K, J more steps == the uninterrupted run.
+        torch.testing.assert_close(r0["C"][name], final[name], rtol=0, atol=1e-6)
+    assert r0["steps_C"] == K + J and r0["client_state"] == {"rl_step": K}
+    assert r0["lrs_C"] == r0["lrs_A"][K:], "scheduler state not resumed"
+    if stage > 0:
+        assert all(n is not None and n > 0 for n in r0["norms_A"])
+
+
+# ------------------------------------------------------------------ rank worker --
+class Net(torch.nn.Module):
+    """A frozen 'encoder' in front of a small trainable body (like the frozen audio
+    encoder of the ASR model)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = torch.nn.Linear(8, 16)
+        self.encoder.requires_grad_(False)
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16),
+                                        torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+    def forward(self, x, y):
+        return torch.nn.functional.mse_loss(self.body(self.encoder(x)), y)
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Different data per rank and step, MICRO * ACCUM samples."""
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(MICRO * ACCUM, 8, generator=g), torch.randn(MICRO * ACCUM, 4, generator=g)
+
+
+def train(engine, rank: int, steps: range, micro: int) -> tuple[list, list]:
+    norms, lrs = [], []
+    for step in steps:
+        x, y = batch(rank, step)
+        for i in range(0, len(x), micro):
+            engine.backward(engine(x[i:i + micro], y[i:i + micro]))
+            if engine.step():
+                norms.append(engine.global_grad_norm)
+                lrs.append(engine.lr)
+    return norms, lrs
+
+
+def worker(rank: int, world: int, port: int, out: Path, stages: list[int]) -> None:
+    from asr_grpo.distributed.deepspeed_strategy import init_distributed
+
+    init_distributed(rank, world, "127.0.0.1", port)
+    for stage in stages:
+        torch.save(run_stage(rank, out / f"ckpt{stage}", stage), out / f"stage{stage}_rank{rank}.pt")
+
+
+def run_stage(rank: int, ckpt: Path, stage: int) -> dict:
+    """Run A (accumulation, checkpoint at K), B (doubled micro-batch), C (resumed A)."""
+    from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
+
+    cfg_a = TrainerConfig(zero_stage=stage, micro_batch_size=MICRO, grad_accum_steps=ACCUM, **CFG)
+    cfg_b = TrainerConfig(zero_stage=stage, micro_batch_size=MICRO * ACCUM, grad_accum_steps=1,
+                          **CFG)
+    res = {}
+
+    a = TrainingEngine(Net(), cfg_a)
+    res["init"] = a.full_state_dict(rank0_only=False)
+    norms, lrs = train(a, rank, range(K), MICRO)
+    a.save_checkpoint(str(ckpt), tag="k", client_state={"rl_step": K})
+    more_norms, more_lrs = train(a, rank, range(K, K + J), MICRO)
+    res["norms_A"], res["lrs_A"] = norms + more_norms, lrs + more_lrs
+    res["A"] = a.full_state_dict(rank0_only=False)
+
+    b = TrainingEngine(Net(), cfg_b)
+    train(b, rank, range(K + J), MICRO * ACCUM)
+    res["B"] = b.full_state_dict(rank0_only=False)
+
+    c = TrainingEngine(Net(), cfg_a)
+    res["client_state"] = {k: v for k, v in c.load_checkpoint(str(ckpt), "k").items()
+                           if k == "rl_step"}
+    _, res["lrs_C"] = train(c, rank, range(K, K + J), MICRO)
+    res["steps_C"] = c.global_steps
+    res["C"] = c.full_state_dict(rank0_only=False)
+    return res
+
+
+if __name__ == "__main__":
+    r, w, p, o, s = sys.argv[1:6]
+    worker(int(r), int(w), int(p), Path(o), [int(x) for x in s.split(",")])

@@ -1,0 +1,85 @@
+"""Prompt sampling order, advantage estimation on real shapes, the actor/critic losses."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asr_grpo.algorithms import group_norm_advantages
+from asr_grpo.config.schema import AlgorithmConfig
+from asr_grpo.experience import ExperienceItem, PromptSampler, estimate_advantages, pad_ragged, unpad
+from asr_grpo.experience.losses import actor_loss
+from asr_grpo.models.sequences import encode_prompt
+from helpers import noise_audio
+
+
+def test_sampler_covers_every_item_once_per_epoch_and_resumes_exactly():
+    s = PromptSampler(10, seed=3)
+    first_epoch = s.next(10)
+    assert sorted(first_epoch) == list(range(10))
+    s.next(4)
+    state = s.state_dict()
+    expected = s.next(13)
+    resumed = PromptSampler(10, seed=3)
+    resumed.load_state_dict(state)
+    assert resumed.next(13) == expected
+    assert PromptSampler(10, seed=4).next(10) != first_epoch
+    with pytest.raises(ValueError, match="9 utterances"):
+        PromptSampler(9, seed=3).load_state_dict(state)
+
+
+def test_grpo_advantages_are_group_normalised_scores_on_every_token():
+    algo = AlgorithmConfig(advantage_estimator="group_norm", n_samples_per_prompt=3)
+    scores = torch.tensor([0.1, 0.5, 0.9, 0.4, 0.4, 0.4])
+    lengths = [2, 3, 1, 4, 2, 2]
+    logp = [torch.zeros(n) for n in lengths]
+    out = estimate_advantages(algo, scores, lengths, logp, logp, None, group_size=3)
+    expected = group_norm_advantages(scores, 3)
+    for adv, n, e in zip(out.advantages, lengths, expected.tolist()):
+        assert adv.shape == (n,) and torch.allclose(adv, torch.full((n,), e))
+    assert out.returns is None
+    assert out.metrics["kl/policy_ref"] == 0.0
+
+
+def test_ppo_gae_puts_kl_in_the_reward_and_needs_values():
+    algo = AlgorithmConfig(name="ppo", advantage_estimator="gae", use_critic=True, kl_in_reward=True,
+                           kl_estimator="k1", kl_coef=0.5, gamma=1.0, lam=1.0)
+    scores = torch.tensor([1.0, 0.0])
+    lengths = [2, 3]
+    old = [torch.tensor([-1.0, -1.0]), torch.tensor([-1.0, -1.0, -1.0])]
+    ref = [torch.tensor([-1.5, -1.0]), torch.tensor([-1.0, -1.0, -2.0])]
+    values = [torch.zeros(2), torch.zeros(3)]
+    out = estimate_advantages(algo, scores, lengths, old, ref, values, group_size=1)
+    # gamma=lam=1, V=0: returns are reward-to-go; KL k1 = old - ref, times -0.5 per token.
+    assert out.returns[0].tolist() == pytest.approx([1.0 - 0.25, 1.0])
+    assert out.returns[1].tolist() == pytest.approx([-0.5, -0.5, -0.5])
+    with pytest.raises(ValueError, match="use_critic"):
+        estimate_advantages(algo, scores, lengths, old, ref, None, group_size=1)
+
+
+def test_pad_and_unpad_round_trip():
+    rows = [torch.tensor([1.0, 2.0]), torch.tensor([3.0]), torch.tensor([4.0, 5.0, 6.0])]
+    padded = pad_ragged(rows)
+    assert padded.tolist() == [[1, 2, 0], [3, 0, 0], [4, 5, 6]]
+    assert [r.tolist() for r in unpad(padded, [2, 1, 3])] == [r.tolist() for r in rows]
+
+
+def test_actor_loss_is_minus_advantage_on_policy(tiny_model, tiny_processor, tiny_tokenizer):
+    """On-policy (old = current log-probs), ratio = 1: the clipped loss is -mean(A), and
+    its gradient is that of -A * logp."""
+    prompt, feats = encode_prompt(tiny_processor, noise_audio(1.0, 0), "en")
+    words = tiny_tokenizer("call alice")["input_ids"]
+    responses = [words[:2] + [tiny_tokenizer.eos_token_id], words[:1] + [tiny_tokenizer.eos_token_id]]
+    from asr_grpo.models.sequences import pack_sequences, response_logprobs
+    batch = pack_sequences([prompt, prompt], responses, [feats, feats], tiny_tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp = response_logprobs(tiny_model, batch)
+    adv = [torch.full((3,), 0.5), torch.full((2,), -1.0)]
+    items = [ExperienceItem(uid=f"x#{i}", group="x", prompt_ids=prompt, response_ids=r, features=feats,
+                            advantages=adv[i], old_logprobs=logp[i, :len(r)], behaviour_logprobs=logp[i, :len(r)],
+                            ref_logprobs=logp[i, :len(r)])
+             for i, r in enumerate(responses)]
+    algo = AlgorithmConfig(kl_coef=0.1, loss_agg="token_mean")
+    loss, metrics = actor_loss(tiny_model, items, algo, tiny_tokenizer.pad_token_id)
+    assert float(loss) == pytest.approx(-(0.5 * 3 - 1.0 * 2) / 5, abs=1e-5)
+    assert float(metrics["kl/loss"]) == pytest.approx(0.0, abs=1e-6)
+    assert float(metrics["policy/clip_frac"]) == 0.0

@@ -1,0 +1,124 @@
+"""The RL loop end to end on the tiny embedded default: real Ray actors, real DeepSpeed
+engines, real MLflow. Slow (multi-process), still run in CI."""
+from __future__ import annotations
+
+import mlflow
+import pytest
+import ray
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from safetensors.torch import load_file
+
+from asr_grpo.config import register_configs
+from asr_grpo.config.store import CONF_DIR
+from asr_grpo.experience.types import SequenceRef
+from asr_grpo.models import is_complete_checkpoint, load_model
+from asr_grpo.recipes import checkpointing as ckpt
+from asr_grpo.recipes.rl import RLRecipe, run_rl
+from asr_grpo.recipes.sft import run_sft
+from asr_grpo.tracking import absolute_tracking_uri
+
+pytestmark = pytest.mark.slow
+register_configs()
+
+
+def compose_cfg(root, *overrides):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=["debug=fast", f"paths.output_root={root}", *overrides])
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """Tiny corpus + a few SFT steps: the checkpoint every RL test starts from."""
+    out = tmp_path_factory.mktemp("rl")
+    run_sft(compose_cfg(out))
+    return out
+
+
+def _metric_history(cfg, run_id, key):
+    client = mlflow.tracking.MlflowClient(absolute_tracking_uri(cfg.logger.tracking_uri))
+    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+
+def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):
+    cfg = compose_cfg(root, "trainer.steps=2", "trainer.save_every=1",
+                      f"trainer.output_dir={root}/rl_a")
+    summary = run_rl(cfg)
+    run_id = summary["mlflow_run_id"]
+    for key in ["reward/total", "reward/cer", "reward/keyword", "reward/language", "reward/smoothness",
+                "loss/policy", "kl/loss", "policy/clip_frac", "perf/time/rollout", "perf/time/training",
+                "perf/time/scoring", "perf/time/sync", "eval/cer"]:
+        steps = [s for s, _ in _metric_history(cfg, run_id, key)]
+        assert steps and max(steps) == 2, key
+    assert [s for s, _ in _metric_history(cfg, run_id, "eval/cer")][0] == 0   # CER before RL
+    latest = ckpt.latest_checkpoint(cfg.trainer.output_dir)
+    assert latest.name == "step_000002" and is_complete_checkpoint(latest / "hf")
+    model, _ = load_model(str(latest / "hf"))   # plain transformers folder
+    sft_weights = load_file(f"{cfg.model.path}/model.safetensors")
+    rl_weights = load_file(f"{latest}/hf/model.safetensors")
+    enc = [k for k in sft_weights if "audio_tower" in k]
+    lm = [k for k in sft_weights if "language_model.layers" in k]
+    assert all(torch.equal(sft_weights[k], rl_weights[k]) for k in enc)        # frozen encoder
+    assert any(not torch.equal(sft_weights[k], rl_weights[k]) for k in lm)     # the LM learned
+
+    # Resume to step 3 == an uninterrupted 3-step run, in the same MLflow run.
+    resumed = run_rl(compose_cfg(root, "trainer.steps=3", "trainer.save_every=1", "trainer.resume=true",
+                                 f"trainer.output_dir={root}/rl_a"))
+    assert resumed["mlflow_run_id"] == run_id
+    assert [s for s, _ in _metric_history(cfg, run_id, "reward/total")] == [1, 2, 3]
+    straight = run_rl(compose_cfg(root, "trainer.steps=3", "trainer.save_every=3",
+                                  f"trainer.output_dir={root}/rl_b"))
+    a = load_file(f"{root}/rl_a/step_000003/hf/model.safetensors")
+    b = load_file(f"{root}/rl_b/step_000003/hf/model.safetensors")
+    assert set(a) == set(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+    hist_a = dict(_metric_history(cfg, run_id, "reward/total"))
+    hist_b = dict(_metric_history(cfg, straight["mlflow_run_id"], "reward/total"))
+    assert hist_a == pytest.approx(hist_b, abs=1e-6)
+
+
+def test_ppo_trains_its_critic(root):
+    cfg = compose_cfg(root, "algorithm=ppo", "trainer.steps=1", "trainer.save_every=0",
+                      f"trainer.output_dir={root}/rl_ppo")
+    summary = run_rl(cfg)
+    for key in ["loss/value", "critic/explained_variance", "critic/value_clip_frac", "charts/returns_mean"]:
+        assert _metric_history(cfg, summary["mlflow_run_id"], key), key
+
+
+def test_roles_land_where_the_placement_says(root):
+    colocated = RLRecipe(compose_cfg(root, "trainer.steps=1"))
+    try:
+        colocated.setup()
+        actor, ref = colocated.placement["actor"][0], colocated.placement["ref"][0]
+        assert actor["bundle_index"] == ref["bundle_index"] == 0 and actor["as_planned"] and ref["as_planned"]
+        assert "rollout" not in colocated.placement    # the actor rolls out itself
+    finally:
+        colocated.cleanup()
+
+
+def test_separate_rollout_worker_matches_trainer_after_sync(root):
+    # An entropy bonus guarantees a non-zero update even if every advantage is 0 (and no
+    # warm-up: HF warm-up schedules start the first step at LR 0).
+    recipe = RLRecipe(compose_cfg(root, "placement=separate", "trainer.steps=1", "trainer.lr=1e-3",
+                                  "algorithm.entropy_coef=0.01", "trainer.lr_warmup_steps=0"))
+    try:
+        recipe.setup()
+        bundles = {role: {r["bundle_index"] for r in ranks} for role, ranks in recipe.placement.items()
+                   if role != "reward"}
+        assert bundles["actor"].isdisjoint(bundles["rollout"]) and bundles["actor"].isdisjoint(bundles["ref"])
+        assert all(r["as_planned"] for ranks in recipe.placement.values() for r in ranks)
+        groups = recipe._prompt_groups(0)
+        g = groups[0]
+        words = recipe.processor.tokenizer("turn on the lights")["input_ids"]
+        probe = [SequenceRef("probe", g.prompt_ids, words, g.features)]
+        before = ray.get(recipe.rollout_group.call_rank(0, "compute_logprobs", probe))[0]
+        recipe.train_step(0)   # trains and syncs
+        trainer = ray.get(recipe.policy.call_rank(0, "compute_logprobs", probe))[0]
+        engine = ray.get(recipe.rollout_group.call_rank(0, "compute_logprobs", probe))[0]
+        assert not torch.allclose(before, trainer)          # the update changed the policy
+        torch.testing.assert_close(engine, trainer, rtol=0, atol=1e-6)   # and the engine has it
+    finally:
+        recipe.cleanup()
