@@ -18,8 +18,8 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed  ## create .venv with torch (CPU) and the project
 
-run: install  ## the main job on the embedded default (corpus + SFT warm start on first use)
-	$(PY) -m asr_grpo.sft
+run: install  ## the main job on the embedded default: GRPO from the SFT checkpoint (built on first use)
+	$(PY) -m asr_grpo.run placement=colocate
 
 sft: install  ## SFT warm start only: corpus + tiny Qwen3-ASR, prints dev CER
 	$(PY) -m asr_grpo.sft

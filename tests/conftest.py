@@ -3,14 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from asr_grpo.config.schema import ModelConfig
 from asr_grpo.models import build_model, build_processor, train_tokenizer
-
-TINY_TEXTS = ["turn on the lights in the kitchen", "call alice at five thirty", "send the report to bob",
-              "请打开客厅的灯", "明天上午九点去北京", "给张伟打电话"] * 10
-TINY_MODEL = ModelConfig(encoder_layers=1, encoder_d_model=64, encoder_heads=2, encoder_ffn_dim=128,
-                         encoder_downsample_hidden=16, text_layers=2, text_hidden=64, text_heads=2,
-                         text_kv_heads=1, text_intermediate=128)
+from helpers import TINY_MODEL, TINY_TEXTS
 
 
 @pytest.fixture(scope="session")

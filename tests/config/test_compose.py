@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from asr_grpo.config import register_configs
 from asr_grpo.config.store import CONF_DIR
+from asr_grpo.config.validate import ConfigError, validate_config
 
 register_configs()
 GROUPS = ["data", "model", "sft", "placement", "algorithm", "overlap", "reward", "trainer", "logger"]
@@ -89,3 +90,32 @@ def test_group_file_with_unknown_key_is_rejected(tmp_path):
         with pytest.raises(Exception) as err:
             compose(config_name="config", overrides=["trainer=typo"])
     assert "stepz" in str(err.value)
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["overlap.delta_min=3", "overlap.delta_max=1"], "overlap.delta_min=3 / overlap.delta_max=1"),
+    (["overlap.chunk_size=0"], "overlap.chunk_size=0"),
+    (["algorithm=ppo", "algorithm.use_critic=false"], "algorithm.name=ppo needs a critic"),
+    (["placement.actor_num_ranks=3"], "not divisible by placement.actor_num_ranks=3"),
+    (["algorithm.n_samples_per_prompt=1"], "algorithm.n_samples_per_prompt must be >= 2"),
+    (["algorithm.kl_in_reward=true"], "algorithm.kl_in_reward=true is only supported"),
+    (["algorithm.dual_clip=0.5"], "algorithm.dual_clip=0.5"),
+    (["overlap.mode=sometimes"], "overlap.mode='sometimes': must be one of"),
+])
+def test_impossible_combinations_are_rejected_naming_the_keys(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        validate_config(_compose(overrides=overrides))
+    assert needle in str(err.value)
+
+
+def test_every_shipped_combination_is_valid():
+    for algo in _options("algorithm"):
+        for placement in _options("placement"):
+            validate_config(_compose(overrides=[f"algorithm={algo}", f"placement={placement}"]))
+
+
+def test_unbuilt_overlap_modes_fail_before_anything_starts():
+    from asr_grpo.recipes.rl import RLRecipe
+
+    with pytest.raises(ConfigError, match="overlap=oppo"):
+        RLRecipe(_compose(overrides=["overlap=oppo"])).setup()

@@ -17,29 +17,18 @@ from asr_grpo.models import (
     parameter_counts,
     save_hf_checkpoint,
     set_audio_encoder_frozen,
-    train_tokenizer,
 )
 from asr_grpo.models.tokenizer import ASR_TEXT, IM_END
+from helpers import TINY_MODEL, noise_audio
 
-TEXTS = ["turn on the lights in the kitchen", "call alice at five thirty", "send the report to bob",
-         "请打开客厅的灯", "明天上午九点去北京", "给张伟打电话"] * 10
-SMALL = ModelConfig(encoder_layers=1, encoder_d_model=64, encoder_heads=2, encoder_ffn_dim=128,
-                    encoder_downsample_hidden=16, text_layers=1, text_hidden=64, text_heads=2,
-                    text_kv_heads=1, text_intermediate=128)
+@pytest.fixture(scope="module")
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return train_tokenizer(TEXTS, vocab_size=400)
-
-
-@pytest.fixture(scope="module")
-def processor(tokenizer):
-    return build_processor(tokenizer)
-
-
-def _audio(seconds: float, seed: int) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal(int(16000 * seconds)) * 0.1).astype(np.float32)
+def processor(tiny_processor):
+    return tiny_processor
 
 
 @pytest.mark.parametrize("text", ["turn on the lights in the kitchen", "请打开客厅的灯", "call 张伟 now",
@@ -62,7 +51,7 @@ def test_special_tokens_are_single_ids(tokenizer):
 
 
 def test_supervised_labels_cover_only_transcript_and_eos(processor, tokenizer):
-    audios = [_audio(1.0, 0), _audio(2.3, 1)]
+    audios = [noise_audio(1.0, 0), noise_audio(2.3, 1)]
     targets = ["call alice", "请打开客厅的灯"]
     batch = encode_supervised(processor, audios, ["en", "zh"], targets)
     for row, target in zip(batch["labels"], targets):
@@ -80,8 +69,8 @@ def test_default_tiny_model_is_under_ten_million_parameters(tokenizer):
 
 
 def test_save_load_round_trip_gives_identical_logits(tmp_path, processor, tokenizer):
-    model = build_model(SMALL, tokenizer, seed=3).eval()
-    batch = encode_supervised(processor, [_audio(1.5, 2)], ["en"], ["send the report"])
+    model = build_model(TINY_MODEL, tokenizer, seed=3).eval()
+    batch = encode_supervised(processor, [noise_audio(1.5, 2)], ["en"], ["send the report"])
     path = save_hf_checkpoint(model, processor, tmp_path / "ckpt", {"step": 7})
     assert is_complete_checkpoint(path)
     loaded, loaded_proc = load_model(str(path))
@@ -91,13 +80,13 @@ def test_save_load_round_trip_gives_identical_logits(tmp_path, processor, tokeni
     assert torch.equal(a, b)
     assert loaded_proc.tokenizer("请打开")["input_ids"] == tokenizer("请打开")["input_ids"]
     # Generation works on the reloaded pair through the same request path.
-    req = encode_requests(loaded_proc, [_audio(1.0, 4)], ["zh"])
+    req = encode_requests(loaded_proc, [noise_audio(1.0, 4)], ["zh"])
     out = loaded.generate(**req, max_new_tokens=3, do_sample=False)
     assert out.shape[1] <= req["input_ids"].shape[1] + 3
 
 
 def test_freeze_switch_keeps_encoder_fixed_and_trains_the_rest(processor, tokenizer):
-    model = build_model(SMALL, tokenizer, seed=0)
+    model = build_model(TINY_MODEL, tokenizer, seed=0)
     counts = set_audio_encoder_frozen(model, True)
     assert counts.frozen == counts.audio_encoder > 0
     assert counts.trainable == counts.total - counts.audio_encoder
@@ -105,7 +94,7 @@ def test_freeze_switch_keeps_encoder_fixed_and_trains_the_rest(processor, tokeni
     lm_before = model.model.language_model.layers[0].mlp.up_proj.weight.clone()
     adapter_before = model.model.multi_modal_projector.linear_1.weight.clone()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    batch = encode_supervised(processor, [_audio(1.2, 5)], ["en"], ["call alice"])
+    batch = encode_supervised(processor, [noise_audio(1.2, 5)], ["en"], ["call alice"])
     model(**batch).loss.backward()
     opt.step()
     for k, v in model.model.audio_tower.state_dict().items():
@@ -116,7 +105,7 @@ def test_freeze_switch_keeps_encoder_fixed_and_trains_the_rest(processor, tokeni
     assert unfrozen.frozen == 0
 
 
-def test_fresh_encoder_frames_carry_the_audio(processor, tokenizer):
+def test_fresh_encoder_frames_carry_thenoise_audio(processor, tokenizer):
     """From-scratch init keeps the mel signal above the encoder's positional embedding:
     with HF's N(0, 0.02) conv init every frame looked alike (cosine ~0.9997)."""
     model = build_model(ModelConfig(), tokenizer, seed=0).eval()

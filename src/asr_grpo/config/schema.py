@@ -179,8 +179,8 @@ class TrainerConfig:
     grad_clip: float = 1.0
     zero_stage: int = 1
     num_threads: int = 1
-    eval_every: int = 10
-    eval_max_utterances: int = 200
+    eval_every: int = 20
+    eval_max_utterances: int = 100
     save_every: int = 20
     resume: bool = False
     output_dir: str = "${paths.output_root}/checkpoints/rl"
