@@ -26,11 +26,6 @@ def split_even(items: Sequence, parts: int) -> list[list]:
     return out
 
 
-def _scatter_gather(group, method: str, items: list) -> list:
-    shards = split_even(items, group.world_size)
-    return [x for part in ray.get(group.call_split(method, shards)) for x in part]
-
-
 class ExperienceMaker:
     def __init__(self, cfg: RunConfig, tokenizer, policy, ref, critic, reward):
         self.cfg, self.tokenizer = cfg, tokenizer

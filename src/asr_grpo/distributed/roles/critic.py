@@ -18,7 +18,7 @@ from asr_grpo.models import load_processor
 class CriticRole(ModelRole):
     def __init__(self, cfg: Any, optimizer_steps: int):
         super().__init__(cfg)
-        rank = join_process_group()
+        join_process_group()
         model = ValueModel.from_pretrained(self.cfg.model.path, self.cfg.model.freeze_audio_encoder)
         self.pad_id = load_processor(self.cfg.model.path).tokenizer.pad_token_id
         self.train_engine = TrainingEngine(model, self.cfg.trainer, lr=self.cfg.trainer.critic_lr,

@@ -3,7 +3,6 @@ when colocated, the rollout itself with the actor's own forward."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import numpy as np
