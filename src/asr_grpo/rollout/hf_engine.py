@@ -1,15 +1,35 @@
-"""Rollout with the policy model's own forward (the default, no vLLM): a KV-cached
-decode loop over the live sequences that stops after `max_tokens` and resumes later
-by re-prefilling prompt + partial response."""
+"""Rollout with the policy model's own forward (the default, no vLLM).
+
+Live sequences sit in KV batches that survive between `decode` calls, so decoding a
+chunk and resuming costs nothing extra. The batches are rebuilt (prompt + partial
+response re-prefilled) only when sequences are added or the policy version changes:
+a carried-over sequence then continues under the new weights, as OPPO specifies.
+"""
 from __future__ import annotations
 
 from typing import Sequence
 
 import torch
 
-from asr_grpo.models.sequences import positions_from_mask, stack_features
+from asr_grpo.models.kv_batch import KVBatch, causal_lm_forward
 from asr_grpo.rollout.sampling import sample_tokens
 from asr_grpo.rollout.types import RolloutRequest, SamplingParams, SequenceState
+
+# Compact a KV batch once at most this share of its rows is still decoding.
+COMPACT_BELOW = 0.5
+
+
+class _Running:
+    """One KV batch and the sequences in its rows."""
+
+    def __init__(self, kv: KVBatch, rows: list[SequenceState]):
+        self.kv, self.rows = kv, rows
+
+    def compact(self) -> None:
+        keep = [i for i, s in enumerate(self.rows) if not s.done]
+        if keep and len(keep) <= COMPACT_BELOW * len(self.rows):
+            self.kv.select(keep)
+            self.rows = [self.rows[i] for i in keep]
 
 
 class HFChunkedEngine:
@@ -22,17 +42,35 @@ class HFChunkedEngine:
         self.pad_id = pad_token_id
         self.sampling = sampling
         self.max_batch_size = max_batch_size
-        self.policy_version = 0
+        self._version = 0
         self._live: list[SequenceState] = []
         self._finished: list[SequenceState] = []
+        self._running: list[_Running] | None = None   # None: rebuild before decoding
 
     # ---- bookkeeping ---------------------------------------------------------------
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        """New weights: cached keys/values are stale, so live sequences get re-prefilled."""
+        if version != self._version:
+            self._running = None
+        self._version = version
+
+    def invalidate(self) -> None:
+        """The model's weights changed in place (same version number)."""
+        self._running = None
+
     def add_requests(self, requests: list[RolloutRequest]) -> None:
         self._live.extend(SequenceState(r) for r in requests)
+        self._running = None
 
     def add_sequences(self, sequences: list[SequenceState]) -> None:
-        """Resume partial sequences (carried over from an earlier step)."""
+        """Resume partial sequences (carried over from an earlier step or a checkpoint)."""
         self._live.extend(s for s in sequences if not s.done)
+        self._running = None
 
     def live(self) -> list[SequenceState]:
         return list(self._live)
@@ -44,66 +82,62 @@ class HFChunkedEngine:
     def drain(self) -> list[SequenceState]:
         """Take every sequence out of the engine, finished or not."""
         out = self.pop_finished() + self._live
-        self._live = []
+        self._live, self._running = [], None
         return out
 
     # ---- decoding ------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, max_tokens: int | None = None) -> list[SequenceState]:
-        """Advance every live sequence by up to `max_tokens` (None: to the end)."""
-        touched: list[SequenceState] = []
-        for start in range(0, len(self._live), self.max_batch_size):
-            batch = self._live[start:start + self.max_batch_size]
-            self._decode_batch(batch, max_tokens)
-            touched.extend(batch)
+        """Advance every live sequence by up to `max_tokens` (None: to the end); returns
+        the sequences advanced (finished ones move to `pop_finished`)."""
+        if self._running is None:
+            self._rebuild()
+        touched = [s for run in self._running for s in run.rows if not s.done]
+        for run in self._running:
+            self._decode_rows(run, max_tokens)
+        self._running = [run for run in self._running if any(not s.done for s in run.rows)]
         self._finished.extend(s for s in self._live if s.done)
         self._live = [s for s in self._live if not s.done]
         return touched
 
-    def _decode_batch(self, seqs: list[SequenceState], max_tokens: int | None) -> None:
+    def _rebuild(self) -> None:
+        self._running = []
+        for s in self._live:   # a resumed sequence may already be at its budget
+            if len(s.tokens) >= self.sampling.max_new_tokens:
+                s.finish_reason = "length"
+        self._finished.extend(s for s in self._live if s.done)
+        self._live = [s for s in self._live if not s.done]
+        forward = causal_lm_forward(self.model)
+        for start in range(0, len(self._live), self.max_batch_size):
+            rows = self._live[start:start + self.max_batch_size]
+            kv = KVBatch(forward, self.pad_id)
+            kv.prefill([s.request.prompt_ids + s.tokens for s in rows], [0] * len(rows),
+                       [s.request.features for s in rows])
+            self._running.append(_Running(kv, rows))
+
+    def _decode_rows(self, run: _Running, max_tokens: int | None) -> None:
         sp = self.sampling
-        budget = [sp.max_new_tokens - len(s.tokens) for s in seqs]
-        steps = max(budget) if max_tokens is None else min(max_tokens, max(budget))
-        if steps <= 0:
-            for s in seqs:
-                s.finish_reason = s.finish_reason or "length"
-            return
-        prefixes = [s.request.prompt_ids + s.tokens for s in seqs]
-        width = max(len(p) for p in prefixes)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prefixes):
-            ids[i, width - len(p):] = torch.as_tensor(p)
-            mask[i, width - len(p):] = 1
-        feats, feat_mask = stack_features([s.request.features for s in seqs])
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask),
-                         input_features=feats, input_features_mask=feat_mask, use_cache=True)
-        cache, logits = out.cache, out.logits[:, -1, :]
-        positions = mask.sum(dim=1) - 1
-        active = [not s.done for s in seqs]
-        for _ in range(steps):
-            tokens, logprobs = sample_tokens(logits, sp.temperature, sp.top_p, sp.seed,
-                                             suppress=self.suppress,
-                                             uids=[s.request.uid for s in seqs],
+        for _ in range(sp.max_new_tokens if max_tokens is None else max_tokens):
+            active = [i for i, s in enumerate(run.rows) if not s.done]
+            if not active:
+                return
+            seqs = [run.rows[i] for i in active]
+            tokens, logprobs = sample_tokens(run.kv.last[active], sp.temperature, sp.top_p, sp.seed,
+                                             suppress=self.suppress, uids=[s.request.uid for s in seqs],
                                              positions=[len(s.tokens) for s in seqs])
-            for i, s in enumerate(seqs):
-                if not active[i]:
-                    continue
-                tok = int(tokens[i])
+            new: list[list[int]] = [[] for _ in run.rows]
+            for j, (i, s) in enumerate(zip(active, seqs)):
+                tok = int(tokens[j])
                 s.tokens.append(tok)
-                s.logprobs.append(float(logprobs[i]))
-                s.versions.append(self.policy_version)
+                s.logprobs.append(float(logprobs[j]))
+                s.versions.append(self._version)
                 if tok in self.eos:
                     s.finish_reason = "stop"
                 elif len(s.tokens) >= sp.max_new_tokens:
                     s.finish_reason = "length"
-                active[i] = not s.done
-            if not any(active):
-                break
-            # Finished rows keep decoding a pad (masked out) so the batch stays rectangular.
-            step_ids = torch.where(torch.tensor(active), tokens, torch.full_like(tokens, self.pad_id))
-            mask = torch.cat([mask, torch.tensor(active, dtype=torch.long)[:, None]], dim=1)
-            positions = positions + 1
-            out = self.model(input_ids=step_ids[:, None], attention_mask=mask, position_ids=positions[:, None],
-                             cache=cache, use_cache=True)
-            cache, logits = out.cache, out.logits[:, -1, :]
+                else:
+                    new[i] = [tok]   # a finished row needs no further forward
+            if not any(new):
+                return
+            run.kv.extend(new)
+            run.compact()
