@@ -14,3 +14,27 @@ TINY_MODEL = ModelConfig(encoder_layers=1, encoder_d_model=64, encoder_heads=2, 
 
 def noise_audio(seconds: float, seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(int(16000 * seconds)) * 0.1).astype(np.float32)
+
+
+def compose_cfg(root, *overrides):
+    """The run config on the seconds-long `debug=fast` setting, writing under `root`."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from asr_grpo.config import register_configs
+    from asr_grpo.config.store import CONF_DIR
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=["debug=fast", f"paths.output_root={root}", *overrides])
+
+
+def metric_history(cfg, run_id, key):
+    """[(step, value)] of one metric of one MLflow run."""
+    import mlflow
+
+    from asr_grpo.tracking import absolute_tracking_uri
+
+    client = mlflow.tracking.MlflowClient(absolute_tracking_uri(cfg.logger.tracking_uri))
+    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]

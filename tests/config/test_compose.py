@@ -114,8 +114,3 @@ def test_every_shipped_combination_is_valid():
             validate_config(_compose(overrides=[f"algorithm={algo}", f"placement={placement}"]))
 
 
-def test_unbuilt_overlap_modes_fail_before_anything_starts():
-    from asr_grpo.recipes.rl import RLRecipe
-
-    with pytest.raises(ConfigError, match="overlap=oppo"):
-        RLRecipe(_compose(overrides=["overlap=oppo"])).setup()

@@ -4,12 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import TINY_MODEL, noise_audio
 
 from asr_grpo.config.schema import ModelConfig
 from asr_grpo.models import (
     IGNORE_INDEX,
     build_model,
-    build_processor,
     encode_requests,
     encode_supervised,
     is_complete_checkpoint,
@@ -19,7 +19,7 @@ from asr_grpo.models import (
     set_audio_encoder_frozen,
 )
 from asr_grpo.models.tokenizer import ASR_TEXT, IM_END
-from helpers import TINY_MODEL, noise_audio
+
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_tokenizer):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import noise_audio
 
 from asr_grpo.models.critic import ValueModel, response_values, value_forward
 from asr_grpo.models.kv_batch import causal_lm_forward
 from asr_grpo.models.sequences import encode_prompt, pack_sequences, response_logprobs
 from asr_grpo.models.streaming import StreamingScorer, identity_score, token_logprobs
-from helpers import noise_audio
 
 TEMPERATURE = 0.9
 
@@ -121,3 +121,27 @@ def test_unregistered_or_shrinking_sequence_is_an_error(tiny_model, tiny_tokeniz
     scorer.feed({uid: resp[:6]})
     with pytest.raises(ValueError, match="shrank"):
         scorer.feed({uid: resp[:3]})
+
+
+def test_streamed_text_lm_equals_one_shot(tiny_tokenizer, sequences):
+    """The LM reward model: audio-free prompt (start token + language context)."""
+    from asr_grpo.models.text_lm import (
+        TextLMSettings,
+        build_text_lm,
+        language_context_ids,
+        response_token_logprobs,
+        start_token_id,
+    )
+
+    lm = build_text_lm(tiny_tokenizer, TextLMSettings(hidden=32, layers=1, intermediate=64)).eval()
+    start = start_token_id(tiny_tokenizer)
+    langs = ["en", "zh", "en", "zh", "en"]
+    ctx = [language_context_ids(tiny_tokenizer, lang) for lang in langs]
+    expected = response_token_logprobs(lm, [s[3] for s in sequences], start, ctx)
+    for chunk in (1, 4, 1000):
+        scorer = StreamingScorer(lambda: causal_lm_forward(lm), tiny_tokenizer.pad_token_id, token_logprobs(),
+                                 use_audio=False)
+        lm_seqs = [(s[0], [start, *c], None, s[3]) for s, c in zip(sequences, ctx)]
+        got = stream(scorer, lm_seqs, chunk, late={"u2"})
+        for s, ref in zip(sequences, expected):
+            torch.testing.assert_close(got[s[0]], ref, atol=2e-5, rtol=1e-5)

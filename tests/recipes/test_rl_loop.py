@@ -2,44 +2,18 @@
 engines, real MLflow. Slow (multi-process), still run in CI."""
 from __future__ import annotations
 
-import mlflow
 import pytest
 import ray
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from helpers import compose_cfg, metric_history
 from safetensors.torch import load_file
 
-from asr_grpo.config import register_configs
-from asr_grpo.config.store import CONF_DIR
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import is_complete_checkpoint, load_model
 from asr_grpo.recipes import checkpointing as ckpt
 from asr_grpo.recipes.rl import RLRecipe, run_rl
-from asr_grpo.recipes.sft import run_sft
-from asr_grpo.tracking import absolute_tracking_uri
 
 pytestmark = pytest.mark.slow
-register_configs()
-
-
-def compose_cfg(root, *overrides):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose("config", overrides=["debug=fast", f"paths.output_root={root}", *overrides])
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    """Tiny corpus + a few SFT steps: the checkpoint every RL test starts from."""
-    out = tmp_path_factory.mktemp("rl")
-    run_sft(compose_cfg(out))
-    return out
-
-
-def _metric_history(cfg, run_id, key):
-    client = mlflow.tracking.MlflowClient(absolute_tracking_uri(cfg.logger.tracking_uri))
-    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
 
 
 def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):
@@ -50,9 +24,9 @@ def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):
     for key in ["reward/total", "reward/cer", "reward/keyword", "reward/language", "reward/smoothness",
                 "loss/policy", "kl/loss", "policy/clip_frac", "perf/time/rollout", "perf/time/training",
                 "perf/time/scoring", "perf/time/sync", "eval/cer"]:
-        steps = [s for s, _ in _metric_history(cfg, run_id, key)]
+        steps = [s for s, _ in metric_history(cfg, run_id, key)]
         assert steps and max(steps) == 2, key
-    assert [s for s, _ in _metric_history(cfg, run_id, "eval/cer")][0] == 0   # CER before RL
+    assert [s for s, _ in metric_history(cfg, run_id, "eval/cer")][0] == 0   # CER before RL
     latest = ckpt.latest_checkpoint(cfg.trainer.output_dir)
     assert latest.name == "step_000002" and is_complete_checkpoint(latest / "hf")
     model, _ = load_model(str(latest / "hf"))   # plain transformers folder
@@ -67,7 +41,7 @@ def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):
     resumed = run_rl(compose_cfg(root, "trainer.steps=3", "trainer.save_every=1", "trainer.resume=true",
                                  f"trainer.output_dir={root}/rl_a"))
     assert resumed["mlflow_run_id"] == run_id
-    assert [s for s, _ in _metric_history(cfg, run_id, "reward/total")] == [1, 2, 3]
+    assert [s for s, _ in metric_history(cfg, run_id, "reward/total")] == [1, 2, 3]
     straight = run_rl(compose_cfg(root, "trainer.steps=3", "trainer.save_every=3",
                                   f"trainer.output_dir={root}/rl_b"))
     a = load_file(f"{root}/rl_a/step_000003/hf/model.safetensors")
@@ -75,8 +49,8 @@ def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):
     assert set(a) == set(b)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
-    hist_a = dict(_metric_history(cfg, run_id, "reward/total"))
-    hist_b = dict(_metric_history(cfg, straight["mlflow_run_id"], "reward/total"))
+    hist_a = dict(metric_history(cfg, run_id, "reward/total"))
+    hist_b = dict(metric_history(cfg, straight["mlflow_run_id"], "reward/total"))
     assert hist_a == pytest.approx(hist_b, abs=1e-6)
 
 
@@ -85,7 +59,7 @@ def test_ppo_trains_its_critic(root):
                       f"trainer.output_dir={root}/rl_ppo")
     summary = run_rl(cfg)
     for key in ["loss/value", "critic/explained_variance", "critic/value_clip_frac", "charts/returns_mean"]:
-        assert _metric_history(cfg, summary["mlflow_run_id"], key), key
+        assert metric_history(cfg, summary["mlflow_run_id"], key), key
 
 
 def test_roles_land_where_the_placement_says(root):
@@ -110,8 +84,7 @@ def test_separate_rollout_worker_matches_trainer_after_sync(root):
                    if role != "reward"}
         assert bundles["actor"].isdisjoint(bundles["rollout"]) and bundles["actor"].isdisjoint(bundles["ref"])
         assert all(r["as_planned"] for ranks in recipe.placement.values() for r in ranks)
-        groups = recipe._prompt_groups(0)
-        g = groups[0]
+        g = recipe._group(recipe.sampler.next(1)[0], 0)
         words = recipe.processor.tokenizer("turn on the lights")["input_ids"]
         probe = [SequenceRef("probe", g.prompt_ids, words, g.features)]
         before = ray.get(recipe.rollout_group.call_rank(0, "compute_logprobs", probe))[0]

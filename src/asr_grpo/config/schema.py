@@ -104,6 +104,7 @@ class PlacementConfig:
     actor_gpus: float = 0.75          # fraction per actor rank when colocated
     ref_gpus: float = 0.25
     critic_gpus: float = 0.75
+    reward_model_gpus: float = 0.25   # the text LM of reward.smoothness_scorer=lm
     reward_gpus: float = 0.25
     rollout_gpus: float = 0.25
     actor_num_ranks: int = 1
@@ -159,6 +160,17 @@ class RewardConfig:
     weights: dict[str, float] = field(default_factory=lambda: {
         "cer": 1.0, "keyword": 0.3, "language": 0.2, "smoothness": 0.2})
     smoothness_scorer: str = "rule"   # rule | lm
+    # smoothness_scorer=lm: a tiny Qwen3 text LM over the ASR tokenizer, trained on the
+    # train-split transcripts at set-up (asr_grpo.models.text_lm) and cached here;
+    # retrained when the tokenizer, the texts or these settings change.
+    text_lm_dir: str = "${paths.output_root}/checkpoints/text-lm"
+    text_lm_hidden: int = 96
+    text_lm_layers: int = 2
+    text_lm_intermediate: int = 256
+    text_lm_steps: int = 300
+    text_lm_batch_size: int = 32
+    text_lm_lr: float = 3e-3
+    text_lm_seed: int = 0
     timeout_s: float = 30.0
     on_bad_reward: str = "error"      # error | drop
 

@@ -70,7 +70,8 @@ def config_problems(cfg: Any) -> list[str]:
     need(ov.delta_min <= ov.delta_init <= ov.delta_max,
          f"overlap.delta_init={ov.delta_init}: must lie in [delta_min={ov.delta_min}, delta_max={ov.delta_max}]")
     need(ov.delta_window >= 1, f"overlap.delta_window={ov.delta_window}: must be >= 1")
-    need(ov.chunk_trial_period >= 1, f"overlap.chunk_trial_period={ov.chunk_trial_period}: must be >= 1")
+    need(ov.chunk_trial_period >= 0,
+         f"overlap.chunk_trial_period={ov.chunk_trial_period}: must be >= 0 (0 = never trial)")
 
     need(tr.steps >= 1, f"trainer.steps={tr.steps}: must be >= 1")
     need(tr.prompts_per_step >= 1, f"trainer.prompts_per_step={tr.prompts_per_step}: must be >= 1")

@@ -19,7 +19,7 @@ from typing import Mapping, Optional
 log = logging.getLogger(__name__)
 
 # Order matters: separate mode hands out bundle ranges in this order.
-ROLES = ("actor", "ref", "critic", "reward", "rollout")
+ROLES = ("actor", "ref", "critic", "reward_model", "reward", "rollout")
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _EPS = 1e-9
 
@@ -62,11 +62,14 @@ class PlacementPlan:
         return "\n".join(lines)
 
 
-def role_counts(placement_cfg, *, use_critic: bool, use_ref: bool = True) -> dict[str, int]:
+def role_counts(placement_cfg, *, use_critic: bool, use_ref: bool = True,
+                use_reward_model: bool = False) -> dict[str, int]:
     """Ranks per role from the config: ref and critic mirror the actor's data-parallel ranks
-    (rank i of each consumes rank i's micro-batches), as in OpenRLHF."""
+    (rank i of each consumes rank i's micro-batches), as in OpenRLHF. So does the
+    reward model (the text LM scoring fluency) when the reward uses one."""
     n = int(placement_cfg.actor_num_ranks)
     return {"actor": n, "ref": n if use_ref else 0, "critic": n if use_critic else 0,
+            "reward_model": n if use_reward_model else 0,
             "reward": int(placement_cfg.reward_num_workers),
             "rollout": int(placement_cfg.rollout_num_workers)}
 

@@ -27,9 +27,22 @@ def split_even(items: Sequence, parts: int) -> list[list]:
 
 
 class ExperienceMaker:
-    def __init__(self, cfg: RunConfig, tokenizer, policy, ref, critic, reward):
+    def __init__(self, cfg: RunConfig, tokenizer, policy, ref, critic, reward, reward_model=None):
         self.cfg, self.tokenizer = cfg, tokenizer
         self.policy, self.ref, self.critic, self.reward = policy, ref, critic, reward
+        self.reward_model = reward_model
+
+    @staticmethod
+    def _launch(group, method: str, refs: list[SequenceRef], have: dict[str, torch.Tensor]):
+        """Score the sequences `have` lacks on the role's ranks; returns a waiter that
+        gives the scores of all `refs` in order."""
+        missing = [r for r in refs if r.uid not in have]
+        waiting = group.call_split(method, split_even(missing, group.world_size)) if missing else []
+
+        def wait() -> list[torch.Tensor]:
+            fresh = dict(zip((r.uid for r in missing), (x for part in ray.get(waiting) for x in part)))
+            return [have[r.uid] if r.uid in have else fresh[r.uid] for r in refs]
+        return wait
 
     def reward_batch(self, groups: list[PromptGroup], seqs: list[SequenceResult]) -> dict:
         by_uid = {g.uid: g for g in groups}
@@ -41,28 +54,35 @@ class ExperienceMaker:
                 "keywords": [list(u["keywords"]) for u in utts],
                 "finish_reasons": [s.finish_reason for s in seqs], "sample_ids": [s.uid for s in seqs]}
 
-    def make(self, groups: list[PromptGroup], results: dict[str, list[SequenceResult]]
+    def make(self, groups: list[PromptGroup], results: dict[str, list[SequenceResult]],
+             streamed: dict[str, dict[str, torch.Tensor]] | None = None
              ) -> tuple[list[ExperienceItem], dict[str, float]]:
+        """`streamed` holds scores the streaming scorers already made during the rollout
+        (scorer -> sequence uid -> per-token scores); only what is missing is computed."""
         algo = self.cfg.algorithm
+        streamed = streamed or {}
         by_uid = {g.uid: g for g in groups}
         seqs = [s for g in groups for s in results[g.uid]]
-        refs = [SequenceRef(s.uid, by_uid[s.group].prompt_ids, s.tokens, by_uid[s.group].features) for s in seqs]
+        refs = [SequenceRef(s.uid, by_uid[s.group].prompt_ids, s.tokens, by_uid[s.group].features,
+                            by_uid[s.group].utterance["language"]) for s in seqs]
         t0 = time.monotonic()
         # Launch every scorer before waiting on any: they live in different actors.
-        pending = {"old": self.policy.call_split("compute_logprobs", split_even(refs, self.policy.world_size))}
+        pending = {"old": self._launch(self.policy, "compute_logprobs", refs, {})}
         if self.ref is not None:
-            pending["ref"] = self.ref.call_split("compute_logprobs", split_even(refs, self.ref.world_size))
+            pending["ref"] = self._launch(self.ref, "compute_logprobs", refs, streamed.get("ref", {}))
         if self.critic is not None:
-            pending["values"] = self.critic.call_split("compute_values", split_even(refs, self.critic.world_size))
+            pending["values"] = self._launch(self.critic, "compute_values", refs, streamed.get("values", {}))
         batch = self.reward_batch(groups, seqs)
+        if self.reward_model is not None:
+            # The reward function takes the model-based component as an input.
+            lm = self._launch(self.reward_model, "compute_fluency", refs, streamed.get("lm", {}))()
+            batch["lm_scores"] = [float(x) for x in lm]
         reward_shards = split_even(list(range(len(seqs))), self.reward.world_size)
         pending["reward"] = [w.score.remote({k: [v[i] for i in idx] for k, v in batch.items()})
                              for w, idx in zip(self.reward.handles, reward_shards) if idx]
-        got = {k: ray.get(v) for k, v in pending.items()}
+        got = {k: v() if callable(v) else ray.get(v) for k, v in pending.items()}
         score_s = time.monotonic() - t0
-        old = [x for part in got["old"] for x in part]
-        ref = [x for part in got["ref"] for x in part] if "ref" in got else None
-        values = [x for part in got["values"] for x in part] if "values" in got else None
+        old, ref, values = got["old"], got.get("ref"), got.get("values")
         reward = RewardResult.cat([RewardResult.from_dict(d) for d in got["reward"]])
         dropped_groups = 0
         if reward.num_dropped:

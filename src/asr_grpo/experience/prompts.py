@@ -43,7 +43,8 @@ class PromptSampler:
         self._order = self._permutation()
 
 
-def build_group(processor, item: dict, n: int, uid: str, step: int) -> PromptGroup:
+def build_group(processor, item: dict, n: int, uid: str, step: int, index: int = -1) -> PromptGroup:
     prompt_ids, features = encode_prompt(processor, item["audio"], item["language"])
     meta = {k: item[k] for k in ("id", "text", "language", "keywords")}
-    return PromptGroup(uid=uid, utterance=meta, prompt_ids=prompt_ids, features=features, n=n, entered_step=step)
+    return PromptGroup(uid=uid, utterance=meta, prompt_ids=prompt_ids, features=features, n=n, entered_step=step,
+                       item_index=index)

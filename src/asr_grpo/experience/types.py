@@ -19,6 +19,7 @@ class PromptGroup:
     features: AudioFeatures
     n: int
     entered_step: int               # step at which the group entered the buffer
+    item_index: int = -1            # index in the training set (rebuilds the group on resume)
 
     def requests(self) -> list[RolloutRequest]:
         return [RolloutRequest(uid=f"{self.uid}#{k}", group=self.uid, prompt_ids=self.prompt_ids,
@@ -52,4 +53,5 @@ class SequenceRef:
     uid: str
     prompt_ids: list[int]
     response_ids: list[int]
-    features: AudioFeatures
+    features: AudioFeatures | None
+    language: str | None = None     # what a text-only scorer (the LM reward model) conditions on

@@ -17,28 +17,29 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from asr_grpo.config.schema import RunConfig
-from asr_grpo.config.validate import ConfigError, validate_config
+from asr_grpo.config.validate import validate_config
 from asr_grpo.data import AsrDataset, resolve_manifests
-from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
-from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
 from asr_grpo.distributed.deepspeed_strategy import backend_for_device
 from asr_grpo.distributed.net import free_port
+from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
+from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
 from asr_grpo.distributed.role_group import RoleGroup
 from asr_grpo.distributed.roles.critic import CriticRole
 from asr_grpo.distributed.roles.policy import PolicyRole
 from asr_grpo.distributed.roles.reference import ReferenceRole
+from asr_grpo.distributed.roles.reward_model import RewardModelRole
 from asr_grpo.distributed.roles.rollout import RolloutRole
 from asr_grpo.experience.maker import ExperienceMaker, split_even
 from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.models import is_complete_checkpoint, load_processor
-from asr_grpo.overlap.serial import SerialRollout
+from asr_grpo.models.text_lm import ensure_text_lm
+from asr_grpo.overlap.scheduler import RolloutScheduler
 from asr_grpo.recipes import checkpointing as ckpt
 from asr_grpo.rewards.text import error_rates_by_language
 from asr_grpo.rewards.worker import RewardWorker
 from asr_grpo.tracking import MlflowRun
 
 log = logging.getLogger(__name__)
-SUPPORTED_OVERLAP = ("none",)
 
 
 def ensure_sft_checkpoint(cfg: RunConfig | DictConfig) -> None:
@@ -68,16 +69,16 @@ class RLRecipe:
     def setup(self) -> None:
         cfg = self.cfg
         validate_config(cfg)
-        if cfg.overlap.mode not in SUPPORTED_OVERLAP:
-            raise ConfigError(f"overlap={cfg.overlap.mode}: only {', '.join(SUPPORTED_OVERLAP)} is available "
-                              f"in this version (the OPPO scheduler is not built yet)")
+        use_lm = cfg.reward.smoothness_scorer == "lm"
         counts = role_counts(cfg.placement, use_critic=cfg.algorithm.use_critic,
-                             use_ref=cfg.algorithm.kl_coef > 0)
+                             use_ref=cfg.algorithm.kl_coef > 0, use_reward_model=use_lm)
         if cfg.placement.colocate:
             counts["rollout"] = 0   # the policy ranks roll out with their own weights
         self.separate_rollout = counts["rollout"] > 0
         self.plan = plan_placement(cfg.placement, counts)   # fails here, before Ray starts
         ensure_sft_checkpoint(cfg)
+        if use_lm:
+            ensure_text_lm(cfg)   # trained on the corpus text once, then cached
         self.processor = load_processor(cfg.model.path)
         manifests = resolve_manifests(cfg.data, cfg.paths.output_root)
         self.train_set = AsrDataset(manifests.train, cfg.data)
@@ -95,15 +96,21 @@ class RLRecipe:
         self.reward = mk("reward", RewardWorker, reward_file=cfg.reward.reward_file,
                          weights=dict(cfg.reward.weights), timeout_s=cfg.reward.timeout_s,
                          on_bad_reward=cfg.reward.on_bad_reward)
+        self.reward_model = mk("reward_model", RewardModelRole, cfg=cfg_dict) if use_lm else None
         self.rollout_group = mk("rollout", RolloutRole, cfg=cfg_dict) if self.separate_rollout else None
-        self.groups = [g for g in (self.policy, self.ref, self.critic, self.reward, self.rollout_group)
+        self.groups = [g for g in (self.policy, self.ref, self.critic, self.reward_model, self.reward,
+                                   self.rollout_group)
                        if g is not None]
         for g in self.groups:
             g.wait_ready()
         if self.rollout_group is not None:
             self._join_weight_sync()
-        self.scheduler = SerialRollout(self.policy if self.rollout_group is None else self.rollout_group)
-        self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward)
+        hosts = self.policy if self.rollout_group is None else self.rollout_group
+        scorers = {name: g for name, g in (("ref", self.ref), ("values", self.critic), ("lm", self.reward_model))
+                   if g is not None}
+        self.scheduler = RolloutScheduler(cfg.overlap, cfg.trainer.prompts_per_step, hosts, scorers)
+        self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward,
+                                     self.reward_model)
         self.placement = {g.role: g.placement_report() for g in self.groups}
 
     # ---- weight sync (placement=separate) ------------------------------------------------
@@ -125,19 +132,19 @@ class RLRecipe:
         return time.monotonic() - t0
 
     # ---- one step ---------------------------------------------------------------------
-    def _prompt_groups(self, step: int) -> list:
-        n = self.cfg.algorithm.n_samples_per_prompt
-        idx = self.sampler.next(self.cfg.trainer.prompts_per_step)
-        return [build_group(self.processor, self.train_set[i], n, f"s{step}:{self.train_set.utterances[i].id}", step)
-                for i in idx]
+    def _group(self, index: int, step: int):
+        uid = f"s{step}:{self.train_set.utterances[index].id}"
+        return build_group(self.processor, self.train_set[index], self.cfg.algorithm.n_samples_per_prompt,
+                           uid, step, index)
 
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.monotonic()
-        groups = self._prompt_groups(step)
-        t_roll = time.monotonic()
-        results = self.scheduler.run(groups)
+        chunk = self.scheduler.chunk_for(step)
+        rollout = self.scheduler.rollout(step, lambda k: [self._group(i, step) for i in self.sampler.next(k)])
         t_score = time.monotonic()
-        items, metrics = self.maker.make(groups, results)
+        self.last_rollout = rollout   # kept for inspection (tests, debugging)
+        items, metrics = self.maker.make(rollout.groups, rollout.results, rollout.streamed)
+        metrics.update(rollout.metrics)
         t_train = time.monotonic()
         trainers = [g for g in (self.policy, self.critic) if g is not None]
         pending = [g.call_split("train", split_even(items, g.world_size)) for g in trainers]
@@ -146,11 +153,23 @@ class RLRecipe:
         t_sync = time.monotonic()
         sync_s = self.sync_weights(step + 1)
         t_end = time.monotonic()
-        metrics.update({"perf/time/prompts": t_roll - t0, "perf/time/rollout": t_score - t_roll,
+        step_s = t_end - t0
+        metrics.update({"perf/time/rollout": t_score - t0,
                         "perf/time/scoring_wall": t_train - t_score, "perf/time/training": t_sync - t_train,
                         "perf/time/sync": sync_s,
-                        "perf/time/step": t_end - t0, "charts/num_sequences": float(len(items))})
+                        "perf/time/step": step_s, "charts/num_sequences": float(len(items)),
+                        **self.utilization(step_s)})
+        self.scheduler.end_step(step, chunk, step_s, metrics.get("reward/total", float("nan")))
         return metrics
+
+    def utilization(self, wall_s: float) -> dict[str, float]:
+        """perf/util/<role>: busy seconds over wall seconds, averaged over the role's ranks."""
+        out = {}
+        for g in self.groups:
+            busy = ray.get(g.call("take_busy_seconds"))
+            out[f"perf/util/{g.role}"] = sum(busy) / (len(busy) * wall_s) if busy and wall_s > 0 else 0.0
+            out[f"perf/busy/{g.role}"] = sum(busy) / max(1, len(busy))
+        return out
 
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -168,7 +187,8 @@ class RLRecipe:
     def save(self, step: int, run_id: str) -> Path:
         out = self.cfg.trainer.output_dir
         staging = ckpt.staging_dir(out, step)
-        state = {"step": step, "sampler": self.sampler.state_dict(), "mlflow_run_id": run_id}
+        state = {"step": step, "sampler": self.sampler.state_dict(), "mlflow_run_id": run_id,
+                 "scheduler": self.scheduler.state_dict()}
         refs = self.policy.call("save", str(staging / "policy_ds"), "state", {"step": step}, str(staging / "hf"))
         if self.critic is not None:
             refs += self.critic.call("save", str(staging / "critic_ds"), "state")
@@ -187,6 +207,8 @@ class RLRecipe:
         ray.get(refs)
         self.sync_weights(state["step"])
         self.sampler.load_state_dict(state["sampler"])
+        self.scheduler.load_state_dict(state["scheduler"],
+                                       lambda e: self._group(e["item_index"], e["entered_step"]))
         log.info("resumed from %s (step %d)", path, state["step"])
         return state
 

@@ -12,14 +12,41 @@ point `reward.reward_file` at your copy. The toolkit calls
 with queries[i] = decoded prompt + response, prompts[i] = decoded prompt and
 labels[i] = reference transcript, and in kwargs: responses (response text, EOS
 stripped), languages ("en" | "zh"), keywords (list of lists), finish_reasons
-("stop" | "length") and weights ({component: weight}; defaults if absent).
+("stop" | "length"), weights ({component: weight}; defaults if absent) and, optional,
+lm_scores (one float in [0, 1] per sample, or None/absent: the text LM's fluency of
+each response, see asr_grpo.models.text_lm; `reward.smoothness_scorer: lm`).
 
 Here rewards = the weighted, weight-normalised sum of the four components
 (cer, keyword, language, smoothness; see asr_grpo.rewards.components), scores = the
 same total (so dynamic filtering sees the signal being trained on), extra_logs = each
-component.
+component. With lm_scores, the smoothness component IS lm_scores (the rule-based
+score is still computed and logged as extra_logs["smoothness_rule"], never part of
+the total); without them nothing changes. An lm_scores value
+outside [0, 1] is an error; a non-finite one is passed on, so the caller's
+on_bad_reward policy (error | drop) handles that sample.
 """
-from asr_grpo.rewards import DEFAULT_WEIGHTS, RewardSample, score_samples, split_asr_output
+import math
+
+import torch
+
+from asr_grpo.rewards import (
+    DEFAULT_WEIGHTS,
+    RewardSample,
+    combine,
+    score_samples,
+    split_asr_output,
+)
+
+
+def _lm_smoothness(lm_scores, n: int) -> torch.Tensor:
+    values = [float(v) for v in lm_scores]
+    if len(values) != n:
+        raise ValueError(f"lm_scores has {len(values)} values for {n} samples")
+    bad = [i for i, v in enumerate(values) if math.isfinite(v) and not 0.0 <= v <= 1.0]
+    if bad:
+        raise ValueError(f"lm_scores must lie in [0, 1]; samples {bad} have "
+                         f"{[values[i] for i in bad]}")
+    return torch.tensor(values, dtype=torch.float32)
 
 
 def reward_func(queries, prompts, labels, **kwargs):
@@ -40,5 +67,10 @@ def reward_func(queries, prompts, labels, **kwargs):
             declared_language=declared, finish_reason=finish, response=response))
 
     result = score_samples(samples, weights)
-    return {"rewards": result.total, "scores": result.total,
-            "extra_logs": dict(result.components)}
+    components, total = dict(result.components), result.total
+    lm_scores = kwargs.get("lm_scores")
+    if lm_scores is not None:
+        components["smoothness_rule"] = components["smoothness"]
+        components["smoothness"] = _lm_smoothness(lm_scores, n)
+        total = combine(components, weights)
+    return {"rewards": total, "scores": total, "extra_logs": components}

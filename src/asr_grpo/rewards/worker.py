@@ -10,9 +10,10 @@ import functools
 from typing import Any, Mapping
 
 from asr_grpo.rewards.loader import call_reward_function, load_reward_function
+from asr_grpo.tracking.busy import BusyClock, busy
 
 
-class RewardWorker:
+class RewardWorker(BusyClock):
     """Loads the reward file once; `score` is one validated call per batch.
 
     The constructor's arguments mirror `RewardConfig`.
@@ -26,6 +27,7 @@ class RewardWorker:
         self.timeout_s = timeout_s
         self.on_bad = on_bad_reward
 
+    @busy
     def score(self, batch: Mapping[str, Any]) -> dict:
         """batch: queries, prompts, labels, optional sample_ids, and any reward_func
         kwargs (responses, languages, keywords, finish_reasons, weights). Returns

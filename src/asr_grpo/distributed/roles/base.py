@@ -11,6 +11,7 @@ from asr_grpo.config.schema import RunConfig
 from asr_grpo.experience.losses import pack_items
 from asr_grpo.experience.tensors import unpad
 from asr_grpo.models.sequences import response_logprobs
+from asr_grpo.tracking import BusyClock
 
 
 def as_config(cfg: Any) -> RunConfig | DictConfig:
@@ -30,7 +31,7 @@ def join_process_group() -> int:
     return rank
 
 
-class ModelRole:
+class ModelRole(BusyClock):
     """Base of the policy, reference, critic and rollout roles."""
 
     def __init__(self, cfg: Any):

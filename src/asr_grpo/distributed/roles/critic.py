@@ -1,21 +1,25 @@
 """The PPO critic rank: value estimates for GAE and DeepSpeed training of the value model."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
 from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
 from asr_grpo.distributed.roles.base import ModelRole, join_process_group
+from asr_grpo.distributed.roles.streaming import StreamScoringRole
 from asr_grpo.distributed.roles.training import run_updates
 from asr_grpo.experience.losses import critic_loss, pack_items
 from asr_grpo.experience.tensors import unpad
 from asr_grpo.experience.types import ExperienceItem, SequenceRef
-from asr_grpo.models.critic import ValueModel, response_values
 from asr_grpo.models import load_processor
+from asr_grpo.models.critic import ValueModel, response_values, value_forward
+from asr_grpo.models.streaming import StreamingScorer, identity_score
+from asr_grpo.tracking import busy
 
 
-class CriticRole(ModelRole):
+class CriticRole(ModelRole, StreamScoringRole):
     def __init__(self, cfg: Any, optimizer_steps: int):
         super().__init__(cfg)
         join_process_group()
@@ -23,7 +27,16 @@ class CriticRole(ModelRole):
         self.pad_id = load_processor(self.cfg.model.path).tokenizer.pad_token_id
         self.train_engine = TrainingEngine(model, self.cfg.trainer, lr=self.cfg.trainer.critic_lr,
                                            num_training_steps=optimizer_steps)
+        self.scorer = StreamingScorer(lambda: value_forward(self.train_engine.module), self.pad_id,
+                                      identity_score, max_batch_size=self.cfg.trainer.rollout_batch_size)
 
+    @contextlib.contextmanager
+    def scoring_weights(self):
+        with self.train_engine.gathered() as module:
+            module.eval()
+            yield module
+
+    @busy
     @torch.no_grad()
     def compute_values(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
@@ -36,6 +49,7 @@ class CriticRole(ModelRole):
                 out.extend(unpad(values, [len(s.response_ids) for s in chunk]))
         return out
 
+    @busy
     def train(self, items: list[ExperienceItem]) -> dict[str, float]:
         cfg = self.cfg
         return run_updates(self.train_engine, items, cfg.trainer,

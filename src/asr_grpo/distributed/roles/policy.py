@@ -18,6 +18,7 @@ from asr_grpo.experience.losses import actor_loss
 from asr_grpo.experience.types import ExperienceItem, SequenceRef
 from asr_grpo.models import load_model, parameter_counts, save_hf_checkpoint, set_audio_encoder_frozen
 from asr_grpo.rollout import HFChunkedEngine
+from asr_grpo.tracking import busy
 
 
 class PolicyRole(ModelRole, RolloutHost):
@@ -40,11 +41,13 @@ class PolicyRole(ModelRole, RolloutHost):
     def parameter_counts(self) -> dict[str, int]:
         return parameter_counts(self.train_engine.module).as_dict()
 
+    @busy
     def compute_logprobs(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
         with self.train_engine.gathered() as module:
             module.eval()
             return self._logprobs(module, seqs, self.cfg.trainer.micro_batch_size)
 
+    @busy
     def train(self, items: list[ExperienceItem]) -> dict[str, float]:
         cfg = self.cfg
         return run_updates(self.train_engine, items, cfg.trainer,

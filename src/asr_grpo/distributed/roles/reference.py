@@ -6,16 +6,24 @@ from typing import Any
 import torch
 
 from asr_grpo.distributed.roles.base import ModelRole
+from asr_grpo.distributed.roles.streaming import StreamScoringRole
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import load_model
+from asr_grpo.models.kv_batch import causal_lm_forward
+from asr_grpo.models.streaming import StreamingScorer, token_logprobs
+from asr_grpo.tracking import busy
 
 
-class ReferenceRole(ModelRole):
+class ReferenceRole(ModelRole, StreamScoringRole):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         self.model, processor = load_model(self.cfg.model.path, self.cfg.model.dtype)
         self.model.eval().requires_grad_(False)
         self.pad_id = processor.tokenizer.pad_token_id
+        self.scorer = StreamingScorer(lambda: causal_lm_forward(self.model), self.pad_id,
+                                      token_logprobs(self.cfg.algorithm.temperature),
+                                      max_batch_size=self.cfg.trainer.rollout_batch_size)
 
+    @busy
     def compute_logprobs(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
         return self._logprobs(self.model, seqs, self.cfg.trainer.micro_batch_size)

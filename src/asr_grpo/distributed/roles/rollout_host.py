@@ -3,7 +3,8 @@ workers when separate). Results travel without the prompt audio."""
 from __future__ import annotations
 
 from asr_grpo.config.schema import AlgorithmConfig
-from asr_grpo.rollout import HFChunkedEngine, RolloutRequest, SamplingParams, SequenceResult
+from asr_grpo.rollout import HFChunkedEngine, RolloutRequest, SamplingParams, SequenceResult, SequenceState
+from asr_grpo.tracking import busy
 
 
 def sampling_params(algo: AlgorithmConfig, seed: int) -> SamplingParams:
@@ -18,10 +19,21 @@ class RolloutHost:
         self.engine.add_requests(requests)
         return len(self.engine.live())
 
+    def resume_sequences(self, requests: list[RolloutRequest], partial: list[SequenceResult]) -> int:
+        """Put partial sequences (from a checkpoint) back: they continue where they stopped."""
+        states = [SequenceState(req, list(p.tokens), list(p.logprobs), list(p.versions), p.finish_reason)
+                  for req, p in zip(requests, partial, strict=True)]
+        self.engine.add_sequences(states)
+        return len(self.engine.live())
+
+    @busy
     def decode(self, max_tokens: int | None = None) -> list[SequenceResult]:
-        """Advance every live sequence; returns the state of each sequence touched."""
+        """Advance every live sequence; returns the state of each sequence touched
+        (finished ones included, so nothing needs `pop_finished` afterwards)."""
         self.engine.model.eval()
-        return [s.result() for s in self.engine.decode(max_tokens)]
+        touched = [s.result() for s in self.engine.decode(max_tokens)]
+        self.engine.pop_finished()
+        return touched
 
     def pop_finished(self) -> list[SequenceResult]:
         return [s.result() for s in self.engine.pop_finished()]

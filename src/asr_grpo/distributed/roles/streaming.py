@@ -1,0 +1,41 @@
+"""The Ray face of a streaming scorer (reference, critic, LM reward model): one call
+per decoded chunk registers new sequences, feeds the tokens so far and returns the
+per-token scores of the sequences that finished."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from asr_grpo.experience.types import SequenceRef
+from asr_grpo.models.streaming import StreamingScorer
+from asr_grpo.tracking import busy
+
+
+class StreamScoringRole:
+    scorer: StreamingScorer
+
+    def stream_prompt(self, ref: SequenceRef) -> tuple[list[int], object]:
+        """What this scorer prefills before the response: (prompt ids, audio features)."""
+        return ref.prompt_ids, ref.features
+
+    def stream_result(self, scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-token scores of finished sequences -> what this role returns for them."""
+        return scores
+
+    def scoring_weights(self):
+        """Context in which the scorer's weights are usable (ZeRO-3 gathers them)."""
+        return contextlib.nullcontext()
+
+    @busy
+    def stream(self, register: list[SequenceRef], feed: dict[str, list[int]],
+               finish: list[str]) -> dict[str, torch.Tensor]:
+        with self.scoring_weights():
+            for ref in register:
+                self.scorer.register(ref.uid, *self.stream_prompt(ref))
+            if feed:
+                self.scorer.feed(feed)
+            return self.stream_result(self.scorer.finish(finish))
+
+    def reset_stream_caches(self) -> None:
+        self.scorer.reset_caches()
