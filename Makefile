@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # torch first, pinned to the CPU wheel on disk: an unpinned torch pulls a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: help install run sft test test-fast clean-outputs
+.PHONY: help install run bench sft test test-fast clean-outputs
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -18,8 +18,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed  ## create .venv with torch (CPU) and the project
 
-run: install  ## the main job on the embedded default: GRPO from the SFT checkpoint (built on first use)
-	$(PY) -m asr_grpo.run placement=colocate
+run: install  ## the main job on the embedded default: GRPO + OPPO overlap from the SFT checkpoint (built on first use)
+	$(PY) -m asr_grpo.run overlap=oppo placement=colocate
+
+bench: install  ## OPPO speedup benchmark: none|intra|inter|oppo side by side -> bench/results/
+	$(PY) bench/overlap_speedup.py
 
 sft: install  ## SFT warm start only: corpus + tiny Qwen3-ASR, prints dev CER
 	$(PY) -m asr_grpo.sft

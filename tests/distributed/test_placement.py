@@ -76,8 +76,9 @@ def test_too_many_bundles_is_rejected_before_ray():
 def test_role_counts_follow_the_config():
     cfg = replace(COLOCATE, actor_num_ranks=2, rollout_num_workers=3, reward_num_workers=1)
     assert role_counts(cfg, use_critic=True) == {
-        "actor": 2, "ref": 2, "critic": 2, "reward": 1, "rollout": 3}
+        "actor": 2, "ref": 2, "critic": 2, "reward_model": 0, "reward": 1, "rollout": 3}
     assert role_counts(cfg, use_critic=False, use_ref=False)["critic"] == 0
+    assert role_counts(cfg, use_critic=False, use_reward_model=True)["reward_model"] == 2
 
 
 # -- on a local Ray with 4 logical GPUs -------------------------------------------------

@@ -109,7 +109,12 @@ class ExperienceMaker:
         lengths = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.float32)
         metrics = {**reward.log("reward/"), **adv.metrics, "perf/time/scoring": score_s,
                    "reward/dropped_groups": float(dropped_groups),
-                   "charts/response_length": float(lengths.mean()),
+                   "charts/response_length": float(lengths.mean()) if seqs else 0.0,
+                   **({"charts/response_length_p50": float(lengths.quantile(0.5)),
+                       "charts/response_length_p90": float(lengths.quantile(0.9)),
+                       "charts/response_length_max": float(lengths.max())} if seqs else {}),
+                   "overlap/streamed_frac": sum(len(v) for v in streamed.values())
+                   / max(1, len(seqs) * len(streamed)) if streamed else 0.0,
                    "charts/truncated_frac": sum(s.finish_reason == "length" for s in seqs) / max(1, len(seqs)),
                    "charts/advantage_abs": float(torch.cat(adv.advantages).abs().mean()) if seqs else 0.0}
         return items, metrics
