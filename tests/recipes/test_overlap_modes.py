@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
+from helpers import compose_cfg, metric_history
 from safetensors.torch import load_file
 
 from asr_grpo.experience.maker import split_even
 from asr_grpo.recipes import checkpointing as ckpt
 from asr_grpo.recipes.rl import RLRecipe, run_rl
-from helpers import compose_cfg, metric_history
 
 pytestmark = pytest.mark.slow
 SINGLE_SAMPLE = ("algorithm.n_samples_per_prompt=1", "algorithm.advantage_estimator=reinforce_baseline")
@@ -55,7 +55,8 @@ def test_intra_streaming_gives_the_serial_experience_and_update(root):
     # The streamed run really streamed: every sequence's scores came from the scorers' KV caches.
     assert serial.streamed == {}
     for name in ("ref", "values", "lm"):
-        assert sorted(streamed.streamed[name]) == sorted(uids), name
+        assert sorted(streamed.streamed[name].uids) == sorted(uids), name
+        assert sorted(streamed.streamed[name].get()) == sorted(uids), name
     assert streamed.metrics["overlap/decode_rounds"] > 1
     assert [it.uid for it in t_items] == uids
     for a, b in zip(s_items, t_items):
@@ -116,8 +117,8 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
 
 
 def test_oppo_resume_with_carried_buffer_equals_uninterrupted(root):
-    common = [*SINGLE_SAMPLE, "overlap=oppo", "overlap.delta_init=2", "overlap.chunk_size=2", "overlap.chunk_candidates=[2,3]",
-              "overlap.chunk_trial_period=2", "algorithm.max_new_tokens=20", "trainer.eval_every=0",
+    common = [*SINGLE_SAMPLE, "overlap=oppo", "overlap.delta_init=2", "overlap.chunk_size=2",
+              "overlap.chunk_candidates=[2,3]", "overlap.chunk_trial_period=2", "algorithm.max_new_tokens=20", "trainer.eval_every=0",
               "trainer.lr_warmup_steps=0", "trainer.lr=1e-4"]
     first = run_rl(compose_cfg(root, *common, "trainer.steps=2", "trainer.save_every=1",
                                f"trainer.output_dir={root}/oppo_a"))

@@ -150,6 +150,9 @@ class OverlapConfig:
     delta_rule: str = "additive"      # additive | proportional (max(1, floor(Δ/4)))
     stale_is_correction: bool = False
     stale_is_clip: float = 2.0
+    # os.nice() of the scorer roles (reference, critic, LM reward model): where they
+    # share cores with the actor, its decode (the critical path) runs first.
+    scorer_nice: int = 5
 
 
 @dataclass

@@ -70,6 +70,7 @@ def config_problems(cfg: Any) -> list[str]:
     need(ov.delta_min <= ov.delta_init <= ov.delta_max,
          f"overlap.delta_init={ov.delta_init}: must lie in [delta_min={ov.delta_min}, delta_max={ov.delta_max}]")
     need(ov.delta_window >= 1, f"overlap.delta_window={ov.delta_window}: must be >= 1")
+    need(0 <= ov.scorer_nice <= 19, f"overlap.scorer_nice={ov.scorer_nice}: must be in [0, 19] (os.nice)")
     need(ov.chunk_trial_period >= 0,
          f"overlap.chunk_trial_period={ov.chunk_trial_period}: must be >= 0 (0 = never trial)")
 

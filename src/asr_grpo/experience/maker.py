@@ -33,13 +33,15 @@ class ExperienceMaker:
         self.reward_model = reward_model
 
     @staticmethod
-    def _launch(group, method: str, refs: list[SequenceRef], have: dict[str, torch.Tensor]):
-        """Score the sequences `have` lacks on the role's ranks; returns a waiter that
-        gives the scores of all `refs` in order."""
-        missing = [r for r in refs if r.uid not in have]
+    def _launch(group, method: str, refs: list[SequenceRef], streamed=None):
+        """Score the sequences `streamed` does not cover on the role's ranks; returns a
+        waiter that gives the scores of all `refs` in order."""
+        covered = streamed.uids if streamed is not None else set()
+        missing = [r for r in refs if r.uid not in covered]
         waiting = group.call_split(method, split_even(missing, group.world_size)) if missing else []
 
         def wait() -> list[torch.Tensor]:
+            have = streamed.get() if streamed is not None else {}
             fresh = dict(zip((r.uid for r in missing), (x for part in ray.get(waiting) for x in part)))
             return [have[r.uid] if r.uid in have else fresh[r.uid] for r in refs]
         return wait
@@ -55,10 +57,10 @@ class ExperienceMaker:
                 "finish_reasons": [s.finish_reason for s in seqs], "sample_ids": [s.uid for s in seqs]}
 
     def make(self, groups: list[PromptGroup], results: dict[str, list[SequenceResult]],
-             streamed: dict[str, dict[str, torch.Tensor]] | None = None
-             ) -> tuple[list[ExperienceItem], dict[str, float]]:
-        """`streamed` holds scores the streaming scorers already made during the rollout
-        (scorer -> sequence uid -> per-token scores); only what is missing is computed."""
+             streamed: dict | None = None) -> tuple[list[ExperienceItem], dict[str, float]]:
+        """`streamed` (scorer -> `StreamedScores`) holds what the streaming scorers made
+        during the rollout; only what it does not cover is computed here. The actor's
+        old log-probs are launched first, so they run while the scorers drain."""
         algo = self.cfg.algorithm
         streamed = streamed or {}
         by_uid = {g.uid: g for g in groups}
@@ -67,15 +69,15 @@ class ExperienceMaker:
                             by_uid[s.group].utterance["language"]) for s in seqs]
         t0 = time.monotonic()
         # Launch every scorer before waiting on any: they live in different actors.
-        pending = {"old": self._launch(self.policy, "compute_logprobs", refs, {})}
+        pending = {"old": self._launch(self.policy, "compute_logprobs", refs)}
         if self.ref is not None:
-            pending["ref"] = self._launch(self.ref, "compute_logprobs", refs, streamed.get("ref", {}))
+            pending["ref"] = self._launch(self.ref, "compute_logprobs", refs, streamed.get("ref"))
         if self.critic is not None:
-            pending["values"] = self._launch(self.critic, "compute_values", refs, streamed.get("values", {}))
+            pending["values"] = self._launch(self.critic, "compute_values", refs, streamed.get("values"))
         batch = self.reward_batch(groups, seqs)
         if self.reward_model is not None:
             # The reward function takes the model-based component as an input.
-            lm = self._launch(self.reward_model, "compute_fluency", refs, streamed.get("lm", {}))()
+            lm = self._launch(self.reward_model, "compute_fluency", refs, streamed.get("lm"))()
             batch["lm_scores"] = [float(x) for x in lm]
         reward_shards = split_even(list(range(len(seqs))), self.reward.world_size)
         pending["reward"] = [w.score.remote({k: [v[i] for i in idx] for k, v in batch.items()})
@@ -113,7 +115,7 @@ class ExperienceMaker:
                    **({"charts/response_length_p50": float(lengths.quantile(0.5)),
                        "charts/response_length_p90": float(lengths.quantile(0.9)),
                        "charts/response_length_max": float(lengths.max())} if seqs else {}),
-                   "overlap/streamed_frac": sum(len(v) for v in streamed.values())
+                   "overlap/streamed_frac": sum(len(v.uids) for v in streamed.values())
                    / max(1, len(seqs) * len(streamed)) if streamed else 0.0,
                    "charts/truncated_frac": sum(s.finish_reason == "length" for s in seqs) / max(1, len(seqs)),
                    "charts/advantage_abs": float(torch.cat(adv.advantages).abs().mean()) if seqs else 0.0}

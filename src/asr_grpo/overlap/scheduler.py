@@ -45,11 +45,28 @@ class BufferedGroup:
         return [self.samples[r.uid] for r in self.group.requests()]
 
 
+class StreamedScores:
+    """What one streaming scorer returns for the sequences trained on this step. Which
+    sequences it covers is known at once; `get()` waits for its last chunks, so the
+    caller can start other work (the actor's old log-probs) while the scorers drain."""
+
+    def __init__(self, uids: set[str], pending: list):
+        self.uids, self._pending, self._scores = uids, pending, None
+
+    def get(self) -> dict[str, torch.Tensor]:
+        if self._scores is None:
+            merged: dict[str, torch.Tensor] = {}
+            for part in ray.get(self._pending):
+                merged.update(part)
+            self._scores = {u: merged[u] for u in self.uids}
+        return self._scores
+
+
 @dataclass
 class StepRollout:
     groups: list[PromptGroup]                       # the B groups to train on
     results: dict[str, list[SequenceResult]]        # group uid -> its n samples
-    streamed: dict[str, dict[str, torch.Tensor]]    # scorer -> sequence uid -> per-token scores
+    streamed: dict[str, StreamedScores]             # scorer -> its scores of those sequences
     metrics: dict[str, float]
 
 
@@ -72,8 +89,8 @@ class RolloutScheduler:
         self.counts = {"groups_entered": 0, "groups_trained": 0}
         self.ledger: dict[str, list] | None = None   # set to {} to record every group (tests)
         self._registered: set[tuple[str, str]] = set()   # (scorer, sequence uid)
-        self._pending: dict[str, list] = {name: [] for name in self.scorers}
-        self._streamed: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self.scorers}
+        self._pending: dict[str, list] = {name: [] for name in self.scorers}       # this step's calls
+        self._finishing: dict[str, set[str]] = {name: set() for name in self.scorers}  # finished this step
 
     # ---- knobs -----------------------------------------------------------------------
     def chunk_for(self, step: int) -> int | None:
@@ -109,8 +126,7 @@ class RolloutScheduler:
         t_decoded = time.monotonic()
         self._rounds_last_step = rounds
         chosen = self._select()
-        streamed = self._collect_streamed(chosen)
-        t_end = time.monotonic()
+        streamed = self._hand_over_streamed(chosen)
         results = {e.group.uid: e.results() for e in chosen}
         staleness = [step - min(s.versions) for rs in results.values() for s in rs if s.versions]
         metrics = {"overlap/chunk": float(chunk or 0), "overlap/delta": float(delta),
@@ -118,7 +134,6 @@ class RolloutScheduler:
                    "overlap/carried_groups": float(len(self.buffer)),
                    "overlap/decode_rounds": float(rounds),
                    "perf/time/rollout_decode": t_decoded - t0,
-                   "perf/time/stream_drain": t_end - t_decoded,
                    **staleness_histogram(staleness)}
         return StepRollout([e.group for e in chosen], results, streamed, metrics)
 
@@ -195,24 +210,22 @@ class RolloutScheduler:
                 feed[rank][r.uid] = r.tokens
                 if r.done:
                     finish[rank].append(r.uid)
+                    self._finishing[name].add(r.uid)
                     self._registered.discard((name, r.uid))
             for rank in range(world):
                 if feed[rank] or register[rank]:
                     self._pending[name].append(
                         scorer.handles[rank].stream.remote(register[rank], feed[rank], finish[rank]))
 
-    def _collect_streamed(self, chosen: list[BufferedGroup]) -> dict[str, dict[str, torch.Tensor]]:
+    def _hand_over_streamed(self, chosen: list[BufferedGroup]) -> dict[str, StreamedScores]:
+        """This step's scorer calls go to the experience maker. Only sequences that
+        finished during this step are covered: a group that finished earlier but waited
+        is scored again when trained on, with that step's weights (as serially)."""
         uids = [s.uid for e in chosen for s in e.results()]
-        out = {}
-        for name in self.scorers:
-            for part in ray.get(self._pending[name]):
-                self._streamed[name].update(part)
-            self._pending[name] = []
-            store = self._streamed[name]
-            out[name] = {u: store[u] for u in uids if u in store}
-            # Groups that finished but wait for a later step are scored again then, with
-            # that step's weights (as the serial pipeline would).
-            store.clear()
+        out = {name: StreamedScores({u for u in uids if u in self._finishing[name]}, self._pending[name])
+               for name in self.scorers}
+        self._pending = {name: [] for name in self.scorers}
+        self._finishing = {name: set() for name in self.scorers}
         return out
 
     # ---- checkpoint state ---------------------------------------------------------------

@@ -163,12 +163,14 @@ class RLRecipe:
         return metrics
 
     def utilization(self, wall_s: float) -> dict[str, float]:
-        """perf/util/<role>: busy seconds over wall seconds, averaged over the role's ranks."""
+        """perf/util/<role>: busy seconds over wall seconds, averaged over the role's ranks;
+        perf/idle/<role>: the seconds of the step it waited (what overlap can take away)."""
         out = {}
         for g in self.groups:
             busy = ray.get(g.call("take_busy_seconds"))
             out[f"perf/util/{g.role}"] = sum(busy) / (len(busy) * wall_s) if busy and wall_s > 0 else 0.0
             out[f"perf/busy/{g.role}"] = sum(busy) / max(1, len(busy))
+            out[f"perf/idle/{g.role}"] = max(0.0, wall_s - out[f"perf/busy/{g.role}"])
         return out
 
     # ---- evaluation ---------------------------------------------------------------------
@@ -267,7 +269,8 @@ def placement_params(report: dict) -> dict[str, str]:
     out = {}
     for role, ranks in report.items():
         for r in ranks:
-            out[f"placement.{role}.{r.get('rank', 0)}"] = f"bundle={r.get('bundle_index')} node={str(r.get('node_id', ''))[:8]}"
+            node = str(r.get("node_id", ""))[:8]
+            out[f"placement.{role}.{r.get('rank', 0)}"] = f"bundle={r.get('bundle_index')} node={node}"
     return out
 
 

@@ -27,6 +27,7 @@ class CriticRole(ModelRole, StreamScoringRole):
         self.pad_id = load_processor(self.cfg.model.path).tokenizer.pad_token_id
         self.train_engine = TrainingEngine(model, self.cfg.trainer, lr=self.cfg.trainer.critic_lr,
                                            num_training_steps=optimizer_steps)
+        self.yield_cpu_to_actor(self.cfg.overlap.scorer_nice)
         self.scorer = StreamingScorer(lambda: value_forward(self.train_engine.module), self.pad_id,
                                       identity_score, max_batch_size=self.cfg.trainer.rollout_batch_size)
 

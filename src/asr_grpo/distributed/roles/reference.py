@@ -20,6 +20,7 @@ class ReferenceRole(ModelRole, StreamScoringRole):
         self.model, processor = load_model(self.cfg.model.path, self.cfg.model.dtype)
         self.model.eval().requires_grad_(False)
         self.pad_id = processor.tokenizer.pad_token_id
+        self.yield_cpu_to_actor(self.cfg.overlap.scorer_nice)
         self.scorer = StreamingScorer(lambda: causal_lm_forward(self.model), self.pad_id,
                                       token_logprobs(self.cfg.algorithm.temperature),
                                       max_batch_size=self.cfg.trainer.rollout_batch_size)

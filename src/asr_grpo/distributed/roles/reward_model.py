@@ -32,6 +32,7 @@ class RewardModelRole(ModelRole, StreamScoringRole):
         self.pad_id = self.tokenizer.pad_token_id
         self.start_id = start_token_id(self.tokenizer)
         self.reference_nll = float(getattr(self.model.config, "fluency_reference_nll", 0.0))
+        self.yield_cpu_to_actor(self.cfg.overlap.scorer_nice)
         self.scorer = StreamingScorer(lambda: causal_lm_forward(self.model), self.pad_id, token_logprobs(),
                                       max_batch_size=self.cfg.trainer.rollout_batch_size, use_audio=False)
 

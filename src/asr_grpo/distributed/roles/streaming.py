@@ -4,6 +4,7 @@ per-token scores of the sequences that finished."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -14,6 +15,12 @@ from asr_grpo.tracking import busy
 
 class StreamScoringRole:
     scorer: StreamingScorer
+
+    def yield_cpu_to_actor(self, niceness: int) -> None:
+        """Scoring is background work beside the actor's decode, the critical path: on
+        shared cores, let the OS run the actor first."""
+        if niceness > 0:
+            os.nice(niceness)
 
     def stream_prompt(self, ref: SequenceRef) -> tuple[list[int], object]:
         """What this scorer prefills before the response: (prompt ids, audio features)."""
