@@ -25,7 +25,9 @@ MODES = ("none", "intra", "inter", "oppo")
 # critic, the LM reward model on, room for long tails. All keep the default corpus,
 # model and SFT checkpoint.
 WORKLOADS = {
-    "default": ["overlap.chunk_size=16", "overlap.chunk_candidates=[8,16,32]"],
+    # One KV batch holds the whole overcommitted buffer ((B + Δmax) x n = 96 sequences),
+    # as it holds the serial batch (64): the same memory knob for every mode.
+    "default": ["trainer.rollout_batch_size=128", "overlap.chunk_size=16", "overlap.chunk_candidates=[8,16,32]"],
     "paper": ["algorithm=ppo", "reward=asr_lm", "algorithm.n_samples_per_prompt=1",
               "trainer.prompts_per_step=32", "algorithm.max_new_tokens=160", "trainer.train_epochs=2",
               "overlap.chunk_size=16", "overlap.chunk_candidates=[8,16,32]", "overlap.delta_init=8",
