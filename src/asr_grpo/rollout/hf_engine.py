@@ -59,10 +59,6 @@ class HFChunkedEngine:
             self._running = None
         self._version = version
 
-    def invalidate(self) -> None:
-        """The model's weights changed in place (same version number)."""
-        self._running = None
-
     def add_requests(self, requests: list[RolloutRequest]) -> None:
         self._live.extend(SequenceState(r) for r in requests)
         self._running = None

@@ -35,9 +35,6 @@ class RolloutHost:
         self.engine.pop_finished()
         return touched
 
-    def pop_finished(self) -> list[SequenceResult]:
-        return [s.result() for s in self.engine.pop_finished()]
-
     def num_live(self) -> int:
         return len(self.engine.live())
 
