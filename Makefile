@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # torch first, pinned to the CPU wheel on disk: an unpinned torch pulls a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: help install run bench sft test test-fast clean-outputs
+.PHONY: help install run bench sweep compare sft test test-fast clean-outputs
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -23,6 +23,12 @@ run: install  ## the main job on the embedded default: GRPO + OPPO overlap from 
 
 bench: install  ## OPPO speedup benchmark: none|intra|inter|oppo side by side -> bench/results/
 	$(PY) bench/overlap_speedup.py
+
+sweep: install  ## the speedup study as a Hydra sweep: overlap none|oppo x placement x seed 0|1 (8 MLflow runs)
+	$(PY) -m asr_grpo.run -m experiment=speedup
+
+compare: install  ## the speedup report of the latest sweep: table + plots -> outputs/reports/, logged to MLflow
+	$(PY) -m asr_grpo.compare
 
 sft: install  ## SFT warm start only: corpus + tiny Qwen3-ASR, prints dev CER
 	$(PY) -m asr_grpo.sft

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
+
+from asr_grpo.tracking.runs import smoothed, summarize, time_to
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("none", "intra", "inter", "oppo")
@@ -53,66 +54,6 @@ def compose_run(overrides: list[str]):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return compose("config", overrides=overrides)
-
-
-def history(client, run_id: str, key: str) -> dict[int, float]:
-    return {m.step: m.value for m in client.get_metric_history(run_id, key)}
-
-
-def mean(xs) -> float:
-    xs = list(xs)
-    return float(statistics.fmean(xs)) if xs else float("nan")
-
-
-def summarize(client, run_id: str, window: int) -> dict:
-    """Per-run figures from its MLflow metrics (training steps are 1..N)."""
-    run = client.get_run(run_id)
-    keys = run.data.metrics.keys()
-    h = {k: history(client, run_id, k) for k in keys
-         if k.startswith(("perf/", "overlap/", "reward/total", "eval/cer", "charts/response_length"))}
-    steps = sorted(h["perf/time/step"])
-    step_s = [h["perf/time/step"][s] for s in steps]
-    reward = [h["reward/total"][s] for s in steps]
-    phases = {p: mean(h[f"perf/time/{p}"].values()) for p in
-              ("rollout", "rollout_decode", "stream_drain", "scoring_wall", "training", "sync")
-              if f"perf/time/{p}" in h}
-    staleness_counts: dict[str, float] = {}
-    for k, v in h.items():
-        if k.startswith("overlap/staleness_count/"):
-            staleness_counts[k.rsplit("/", 1)[1]] = sum(v.values())
-    cer = h.get("eval/cer", {})
-    return {
-        "run_id": run_id,
-        "steps": len(steps),
-        "median_step_s": statistics.median(step_s),
-        "mean_step_s": mean(step_s),
-        "wall_clock_s": [h["perf/wall_clock"][s] for s in steps],
-        "reward": reward,
-        "final_reward": mean(reward[-window:]),
-        "cer_before": cer.get(0, float("nan")),
-        "cer_after": cer[max(cer)] if cer else float("nan"),
-        "phases_s": phases,
-        "util": {k.split("/")[-1]: mean(v.values()) for k, v in h.items() if k.startswith("perf/util/")},
-        "idle_s": {k.split("/")[-1]: mean(v.values()) for k, v in h.items() if k.startswith("perf/idle/")},
-        "staleness_counts": staleness_counts,
-        "delta": [h["overlap/delta"][s] for s in steps] if "overlap/delta" in h else [],
-        "chunk": [h["overlap/chunk"][s] for s in steps] if "overlap/chunk" in h else [],
-        "response_length": {q: mean(h[f"charts/response_length{q}"].values())
-                            for q in ("", "_p50", "_p90", "_max") if f"charts/response_length{q}" in h},
-    }
-
-
-def smoothed(reward: list[float], window: int) -> list[float]:
-    """Mean over the last `window` steps, defined once a full window exists (NaN before)."""
-    return [mean(reward[i - window + 1:i + 1]) if i >= window - 1 else float("nan") for i in range(len(reward))]
-
-
-def time_to(target: float, run: dict, window: int) -> float:
-    """Wall-clock seconds until the smoothed reward first reaches `target` (inf: never)."""
-    for t, r in zip(run["wall_clock_s"], smoothed(run["reward"], window)):
-        if r >= target:
-            return t
-    return float("inf")
 
 
 def ideal_step(serial: dict) -> float:

@@ -1,10 +1,11 @@
-"""Shared fixtures: a tiny tokenizer/processor/model built from config (no corpus needed)."""
+"""Shared fixtures: a tiny tokenizer/processor/model built from config (no corpus needed),
+and one tiny corpus + SFT checkpoint shared by every RL and workflow test of the session."""
 from __future__ import annotations
 
 import pytest
+from helpers import TINY_MODEL, TINY_TEXTS, compose_cfg
 
 from asr_grpo.models import build_model, build_processor, train_tokenizer
-from helpers import TINY_MODEL, TINY_TEXTS
 
 
 @pytest.fixture(scope="session")
@@ -22,3 +23,11 @@ def tiny_model(tiny_tokenizer):
     return build_model(TINY_MODEL, tiny_tokenizer, seed=0).eval()
 
 
+@pytest.fixture(scope="session")
+def root(tmp_path_factory):
+    """paths.output_root holding the debug=fast corpus and SFT checkpoint (built once)."""
+    from asr_grpo.recipes.sft import run_sft
+
+    out = tmp_path_factory.mktemp("rl")
+    run_sft(compose_cfg(out))
+    return out

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from asr_grpo.models import decode_responses, encode_requests
+from asr_grpo.models.sequences import on_model_device
 from asr_grpo.rewards.text import error_rates_by_language
 
 
@@ -21,7 +22,8 @@ def transcribe(model, processor, audios: Sequence[np.ndarray], languages: Sequen
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         batch = encode_requests(processor, [audios[i] for i in idx], [languages[i] for i in idx])
-        generated = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
+        generated = model.generate(**on_model_device(model, dict(batch)), max_new_tokens=max_new_tokens,
+                                   do_sample=False).cpu()
         texts = decode_responses(processor, generated[:, batch["input_ids"].shape[1]:])
         for i, text in zip(idx, texts):
             out[i] = text.strip()

@@ -1,5 +1,8 @@
 """`python -m asr_grpo.run overlap=oppo placement=colocate`: RL post-training (GRPO/PPO)
-of the SFT'd speech LLM on Ray + DeepSpeed, logged to MLflow."""
+of the SFT'd speech LLM on Ray + DeepSpeed, logged to MLflow.
+
+`python -m asr_grpo.run -m overlap=none,oppo seed=0,1` (or `-m experiment=speedup`): a
+sweep, one MLflow run per job under one parent run; see asr_grpo.tracking.sweep."""
 from __future__ import annotations
 
 import json
@@ -12,6 +15,7 @@ from omegaconf import DictConfig
 from asr_grpo.config import register_configs
 from asr_grpo.config.store import CONF_DIR
 from asr_grpo.config.validate import validate_config
+from asr_grpo.tracking.sweep import current_sweep_job
 
 log = logging.getLogger(__name__)
 register_configs()
@@ -25,17 +29,26 @@ def run_name_from_overrides() -> str:
     return overrides or "default"
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
+def train(cfg: DictConfig, tags: dict | None = None) -> dict:
     validate_config(cfg)   # before anything starts: a bad combination names its keys
     from asr_grpo.recipes.rl import run_rl  # heavy imports after validation
 
-    summary = run_rl(cfg, run_name=run_name_from_overrides())
+    summary = run_rl(cfg, run_name=run_name_from_overrides(), tags=tags)
     print(json.dumps(summary, indent=2, default=str))
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     if before and after:
         print(f"held-out CER {before['cer']:.3f} -> {after['cer']:.3f} after {summary['steps']} steps "
               f"({summary['train_seconds'] / 60:.1f} min)")
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> dict:
+    job = current_sweep_job()   # `-m`: one job of a sweep (see asr_grpo.tracking.sweep)
+    if job is None:
+        return train(cfg)
+    job.prepare(cfg)
+    return job.run(lambda: train(cfg, tags=job.tags))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from asr_grpo.config.store import CONF_DIR
 from asr_grpo.config.validate import ConfigError, validate_config
 
 register_configs()
-GROUPS = ["data", "model", "sft", "placement", "algorithm", "overlap", "reward", "trainer", "logger"]
+GROUPS = ["data", "model", "sft", "placement", "algorithm", "overlap", "rollout", "reward", "trainer", "logger"]
 
 
 def _options(group: str) -> list[str]:

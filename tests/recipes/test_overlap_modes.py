@@ -3,12 +3,15 @@ experience or the first update; overcommit trains every group exactly once with 
 tokens it was carrying; a run resumed with a carried buffer continues exactly."""
 from __future__ import annotations
 
+import enum
+
 import pytest
 import ray
 import torch
 from helpers import compose_cfg, metric_history
 from safetensors.torch import load_file
 
+from asr_grpo.distributed.deepspeed_strategy import load_weights_only
 from asr_grpo.experience.maker import split_even
 from asr_grpo.recipes import checkpointing as ckpt
 from asr_grpo.recipes.rl import RLRecipe, run_rl
@@ -118,8 +121,8 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
 
 def test_oppo_resume_with_carried_buffer_equals_uninterrupted(root):
     common = [*SINGLE_SAMPLE, "overlap=oppo", "overlap.delta_init=2", "overlap.chunk_size=2",
-              "overlap.chunk_candidates=[2,3]", "overlap.chunk_trial_period=2", "algorithm.max_new_tokens=20", "trainer.eval_every=0",
-              "trainer.lr_warmup_steps=0", "trainer.lr=1e-4"]
+              "overlap.chunk_candidates=[2,3]", "overlap.chunk_trial_period=2", "algorithm.max_new_tokens=20",
+              "trainer.eval_every=0", "trainer.lr_warmup_steps=0", "trainer.lr=1e-4"]
     first = run_rl(compose_cfg(root, *common, "trainer.steps=2", "trainer.save_every=1",
                                f"trainer.output_dir={root}/oppo_a"))
     resumed = run_rl(compose_cfg(root, *common, "trainer.steps=4", "trainer.save_every=2", "trainer.resume=true",
@@ -141,3 +144,30 @@ def test_oppo_resume_with_carried_buffer_equals_uninterrupted(root):
     assert set(a) == set(b)
     for k in a:   # exact: the resumed run recomputes every score the same way
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+    # Beyond the weights, everything a checkpoint holds is the uninterrupted run's: the
+    # optimizer moments, LR schedule and step counters, the RNG streams, the prompt
+    # sampler, the chunk and Δ controllers and the buffer with its partial sequences.
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+        assert_same_state(load_weights_only(f"{root}/oppo_a/step_000004/policy_ds/state/{name}"),
+                          load_weights_only(f"{root}/oppo_b/step_000004/policy_ds/state/{name}"), name)
+    driver_a, driver_b = (ckpt.read_driver_state(root / run / "step_000004") for run in ("oppo_a", "oppo_b"))
+    assert driver_a.pop("mlflow_run_id") != driver_b.pop("mlflow_run_id")
+    assert driver_a == driver_b and driver_a["scheduler"]["buffer"] and driver_a["scheduler"]["delta_ctrl"]
+
+
+def assert_same_state(a, b, where: str) -> None:
+    """Nested checkpoint state: tensors equal to 1e-6, everything else exactly."""
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=where)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same_state(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    elif hasattr(a, "__dict__") and not isinstance(a, enum.Enum):   # DeepSpeed's loss scaler, fragments
+        assert_same_state(vars(a), vars(b), where)
+    else:
+        assert a == b, (where, a, b)

@@ -9,6 +9,7 @@ from asr_grpo.config.schema import (
     PathsConfig,
     PlacementConfig,
     RewardConfig,
+    RolloutConfig,
     RunConfig,
     SFTConfig,
     TrainerConfig,
@@ -17,6 +18,6 @@ from asr_grpo.config.store import register_configs
 
 __all__ = [
     "AlgorithmConfig", "CorpusConfig", "DataConfig", "LoggerConfig", "ModelConfig", "OverlapConfig",
-    "PathsConfig", "PlacementConfig", "RewardConfig", "RunConfig", "SFTConfig",
+    "PathsConfig", "PlacementConfig", "RewardConfig", "RolloutConfig", "RunConfig", "SFTConfig",
     "TrainerConfig", "register_configs",
 ]

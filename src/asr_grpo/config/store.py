@@ -2,11 +2,11 @@
 into its typed node, so unknown keys and wrong types fail before anything starts."""
 from __future__ import annotations
 
-from hydra.core.config_store import ConfigStore
-
 from pathlib import Path
 
-from asr_grpo.config.schema import RunConfig
+from hydra.core.config_store import ConfigStore
+
+from asr_grpo.config.schema import CompareConfig, RunConfig
 
 # conf/ sits at the repository root (editable install); entry points point Hydra here.
 CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
@@ -14,3 +14,4 @@ CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
+    cs.store(name="compare_schema", node=CompareConfig)

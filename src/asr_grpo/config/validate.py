@@ -11,6 +11,8 @@ CHOICES = {
     "algorithm.loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"),
     "overlap.mode": ("none", "intra", "inter", "oppo"),
     "overlap.delta_rule": ("additive", "proportional"),
+    "rollout.engine": ("hf", "vllm"),
+    "rollout.sync_backend": ("auto", "gloo", "nccl"),
     "placement.name": ("colocate", "separate"),
     "data.on_bad_audio": ("error", "skip"),
     "reward.on_bad_reward": ("error", "drop"),
@@ -30,8 +32,26 @@ def _get(cfg: Any, dotted: str) -> Any:
     return node
 
 
+def schema_problem(cfg: Any) -> str | None:
+    """A key the schema does not know or a value of the wrong type that composition let
+    through (`+group.key=...` force-adds keys past Hydra's struct check)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from asr_grpo.config.schema import RunConfig
+
+    plain = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
+    try:   # from plain values: a typed node would carry its own (stale) schema along
+        OmegaConf.merge(OmegaConf.structured(RunConfig), plain)
+    except OmegaConfBaseException as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
 def config_problems(cfg: Any) -> list[str]:
     """Every problem found (empty list = valid)."""
+    if (problem := schema_problem(cfg)) is not None:
+        return [problem]   # the checks below assume the schema's keys and types
     problems: list[str] = []
 
     def need(ok: bool, message: str) -> None:
@@ -73,6 +93,17 @@ def config_problems(cfg: Any) -> list[str]:
     need(0 <= ov.scorer_nice <= 19, f"overlap.scorer_nice={ov.scorer_nice}: must be in [0, 19] (os.nice)")
     need(ov.chunk_trial_period >= 0,
          f"overlap.chunk_trial_period={ov.chunk_trial_period}: must be >= 0 (0 = never trial)")
+
+    ro = cfg.rollout
+    need(ro.tensor_parallel_size >= 1, f"rollout.tensor_parallel_size={ro.tensor_parallel_size}: must be >= 1")
+    need(0 < ro.gpu_memory_utilization <= 1,
+         f"rollout.gpu_memory_utilization={ro.gpu_memory_utilization}: must be in (0, 1]")
+    need(ro.sleep_level in (0, 1, 2), f"rollout.sleep_level={ro.sleep_level}: must be 0 (off), 1 or 2")
+    if ro.engine == "vllm":
+        from asr_grpo.rollout.factory import engine_unavailable_reason
+
+        reason = engine_unavailable_reason("vllm")
+        need(reason is None, f"rollout.engine=vllm: {reason}")
 
     need(tr.steps >= 1, f"trainer.steps={tr.steps}: must be >= 1")
     need(tr.prompts_per_step >= 1, f"trainer.prompts_per_step={tr.prompts_per_step}: must be >= 1")

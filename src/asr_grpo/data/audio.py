@@ -9,9 +9,15 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+# Below 8 kHz speech loses most of its consonants: such a file is a mistake, not audio
+# to upsample. A peak below -80 dBFS is digital silence (e.g. clipped to zeros).
+MIN_SAMPLE_RATE = 8000
+SILENCE_PEAK = 1e-4
+
 
 class AudioError(ValueError):
-    """An audio file is missing, unreadable, empty, too short/long or non-finite."""
+    """An audio file is missing, unreadable, empty, too short/long, silent, at a rate
+    too low for speech, or non-finite."""
 
     def __init__(self, path: str | Path, problem: str, *, manifest: str | Path | None = None,
                  line: int | None = None) -> None:
@@ -39,12 +45,16 @@ def check_audio_file(path: str | Path, *, min_duration_s: float = 0.0,
 
     if not os.path.isfile(path):
         raise fail("audio file not found")
+    if os.path.getsize(path) == 0:
+        raise fail("audio file is empty (0 bytes)")
     try:
         info = sf.info(str(path))
     except Exception as exc:  # libsndfile raises several types for corrupt files
         raise fail(f"unreadable or corrupt audio file ({exc})") from exc
     if info.frames <= 0 or info.samplerate <= 0:
         raise fail("audio file is empty (0 frames)")
+    if info.samplerate < MIN_SAMPLE_RATE:
+        raise fail(f"sample rate {info.samplerate} Hz is below {MIN_SAMPLE_RATE} Hz: too low for speech")
     duration = info.frames / info.samplerate
     if duration < min_duration_s:
         raise fail(f"audio is {duration:.3f} s, shorter than the minimum {min_duration_s} s")
@@ -59,7 +69,8 @@ def load_audio(path: str | Path, target_sr: int = 16000, *, max_duration_s: floa
     """Read a WAV/FLAC/... file as mono float32 at `target_sr`.
 
     Stereo is averaged to mono and other sample rates are resampled. Bounds are checked
-    on the header first, so an absurdly long file is rejected without being read.
+    on the header first, so an absurdly long file is rejected without being read;
+    NaN/inf samples and digital silence (peak below `SILENCE_PEAK`) are rejected after.
     """
     info = check_audio_file(path, min_duration_s=min_duration_s, max_duration_s=max_duration_s,
                             manifest=manifest, line=line)
@@ -72,6 +83,10 @@ def load_audio(path: str | Path, target_sr: int = 16000, *, max_duration_s: floa
         raise AudioError(path, "audio file is empty (0 frames)", manifest=manifest, line=line)
     if not np.isfinite(audio).all():
         raise AudioError(path, "audio contains NaN or infinite samples", manifest=manifest,
+                         line=line)
+    peak = float(np.abs(audio).max())
+    if peak < SILENCE_PEAK:
+        raise AudioError(path, f"audio is silent (peak amplitude {peak:.1e})", manifest=manifest,
                          line=line)
     mono = audio.mean(axis=1, dtype=np.float32) if info.channels > 1 else audio[:, 0]
     return np.ascontiguousarray(resample(mono, sr, target_sr), dtype=np.float32)

@@ -7,7 +7,7 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from asr_grpo.config.schema import DataConfig
-from asr_grpo.data.audio import load_audio
+from asr_grpo.data.audio import AudioError, load_audio
 from asr_grpo.data.corpus import CorpusManifests, build_corpus
 from asr_grpo.data.manifest import Utterance, read_manifest
 
@@ -17,9 +17,11 @@ class AsrDataset(Dataset):
     `data_cfg.sample_rate`.
 
     Lines are validated when the dataset is built (`data_cfg.on_bad_audio`: "error"
-    raises, "skip" drops them and lists `(line, reason)` in `skipped`). A file that
-    passes the header check but fails to decode later still raises `AudioError`, naming
-    the file and manifest line, in both modes.
+    raises, "skip" drops them and lists `(line, reason)` in `skipped`). Problems only
+    the samples show (silence, NaN, a file that stopped decoding) surface on loading:
+    `item[i]` raises `AudioError` naming the file and manifest line in both modes;
+    `load(i)` follows the policy (raises, or returns None and adds the line to
+    `skipped`, which so counts both kinds).
     """
 
     def __init__(self, manifest_path: str | Path, data_cfg: DataConfig) -> None:
@@ -32,6 +34,8 @@ class AsrDataset(Dataset):
                                max_duration_s=self.max_duration_s)
         self.utterances: list[Utterance] = result.utterances
         self.skipped: list[tuple[int, str]] = result.skipped
+        self.skip_bad = data_cfg.on_bad_audio == "skip"
+        self._unusable: set[int] = set()   # indices whose audio failed to load (skip mode)
 
     def __len__(self) -> int:
         return len(self.utterances)
@@ -43,6 +47,24 @@ class AsrDataset(Dataset):
                            line=utt.line)
         return {"id": utt.id, "audio": audio, "text": utt.text, "language": utt.language,
                 "keywords": list(utt.keywords), "duration": len(audio) / self.sample_rate}
+
+    def load(self, index: int) -> dict[str, Any] | None:
+        """`self[index]` under the bad-audio policy: in skip mode an utterance whose
+        audio fails to load is listed in `skipped` once and None is returned (then and
+        on every later call)."""
+        if index in self._unusable:
+            return None
+        try:
+            return self[index]
+        except AudioError as exc:
+            if not self.skip_bad:
+                raise
+            self._unusable.add(index)
+            self.skipped.append((self.utterances[index].line, str(exc)))
+            if len(self._unusable) == len(self.utterances):
+                raise ValueError(f"{self.manifest_path}: no utterance has usable audio "
+                                 f"(last problem: {exc})") from exc
+            return None
 
 
 def resolve_manifests(data_cfg: DataConfig, output_root: str | Path) -> CorpusManifests:

@@ -9,12 +9,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from asr_grpo.data.audio import check_audio_file
 
 LANGUAGES = frozenset({"en", "zh"})
+# The scripts a transcript's letters may be written in (Mandarin may embed Latin words);
+# anything else means the text or its language tag is wrong.
+SCRIPTS = {"en": frozenset({"LATIN"}), "zh": frozenset({"CJK", "LATIN"})}
 ON_BAD = ("error", "skip")
 # The manifest's duration may be rounded; a larger gap means it points at the wrong file.
 DURATION_TOLERANCE_S = 0.5
@@ -32,6 +36,29 @@ class ManifestError(ValueError):
         self.manifest = str(manifest)
         self.line = line
         self.problem = problem
+
+
+def letter_script(ch: str) -> str:
+    """The Unicode script of a letter, from its name: LATIN, CJK, CYRILLIC, GREEK, ..."""
+    name = unicodedata.name(ch, "UNKNOWN").removeprefix("FULLWIDTH ").removeprefix("HALFWIDTH ")
+    return name.split(" ")[0].split("-")[0]
+
+
+def script_problem(text: str, language: str) -> str | None:
+    """Why `text` cannot be a `language` transcript (letters of another script, or
+    Mandarin without a single Chinese character), or None."""
+    allowed = SCRIPTS[language]
+    letters = [ch for ch in text if ch.isalpha()]
+    foreign = {}
+    for ch in letters:
+        foreign.setdefault(letter_script(ch), ch)
+    unexpected = {k: v for k, v in foreign.items() if k not in allowed}
+    if unexpected:
+        return (f"text in an unexpected script for language {language!r}: "
+                + ", ".join(f"{k} (e.g. {v!r})" for k, v in sorted(unexpected.items())))
+    if language == "zh" and "CJK" not in foreign:
+        return "text for language 'zh' has no Chinese character"
+    return None
 
 
 @dataclass
@@ -73,6 +100,8 @@ def _parse_line(raw: str, manifest: Path, line: int, *, min_duration_s: float,
                          f"{sorted(LANGUAGES)}")
     if not row["text"].strip():
         raise ValueError("empty text")
+    if (problem := script_problem(row["text"], row["language"])) is not None:
+        raise ValueError(problem)
     if not row["id"].strip() or not row["audio"].strip():
         raise ValueError("empty id or audio path")
     keywords = row.get("keywords", [])

@@ -17,10 +17,41 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from asr_grpo.distributed.net import is_loopback, loopback_interface, tcp_store
 
 SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
 # DeepSpeed prints a line every `steps_per_print` steps; our own logger does that job.
 _QUIET_STEPS = 10**9
+
+
+def weights_only_globals() -> list:
+    """The DeepSpeed classes its own checkpoints pickle besides tensors and containers
+    (loss scaler, ZeRO stage enum, optimizer fragment addresses): the only globals a
+    checkpoint may name when it is loaded."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def load_weights_only(path: str, map_location=None):
+    """torch.load with weights_only=True and only `weights_only_globals()` allowed: a
+    checkpoint naming any other global (code to run) fails to load instead of running it."""
+    with torch.serialization.safe_globals(weights_only_globals()):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def use_weights_only_loading(engine) -> None:
+    """Make a DeepSpeed engine read its checkpoints with `load_weights_only` (its own
+    engine calls torch.load(weights_only=False), which unpickles arbitrary code)."""
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    ckpt_engine = engine.checkpoint_engine
+    if type(ckpt_engine) is not TorchCheckpointEngine:
+        raise TypeError(f"unexpected DeepSpeed checkpoint engine {type(ckpt_engine).__name__}: "
+                        "only the torch one is known to load weights-only here")
+    ckpt_engine.load = lambda path, map_location=None: load_weights_only(path, map_location)
 
 
 def backend_for_device() -> str:
@@ -46,11 +77,24 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
     if torch.distributed.is_initialized():
         return torch.distributed.get_backend()
     backend = backend or backend_for_device()
+    local_rank = rank if local_rank is None else local_rank
     os.environ.update({
         "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(rank if local_rank is None else local_rank),
+        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
     })
+    if is_loopback(master_addr):   # a local run: the gloo / NCCL meshes stay on the loopback too
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(var, loopback_interface())
+    # Our own rendezvous store, listening on master_addr only (torch's env:// one listens
+    # on every interface); DeepSpeed then adopts the initialized default group.
+    from torch.distributed.constants import default_pg_timeout
+
+    extra = {}
+    if backend == "nccl" and world_size > 1:
+        extra["device_id"] = torch.device("cuda", local_rank)
+    store = tcp_store(master_addr, master_port, world_size, rank == 0, default_pg_timeout)
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                         timeout=default_pg_timeout, **extra)
     deepspeed.init_distributed(dist_backend=backend)
     return backend
 
@@ -133,6 +177,7 @@ class TrainingEngine:
                                   num_training_steps=num_training_steps or trainer_cfg.steps)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config)
+        use_weights_only_loading(self.engine)
 
     # -- training ------------------------------------------------------------------
     @property
@@ -148,6 +193,10 @@ class TrainingEngine:
         return self.engine(*args, **kwargs)
 
     __call__ = forward
+
+    def parameters(self, recurse: bool = True):
+        """The module's parameters (so model-generic helpers find its device and dtype)."""
+        return self.module.parameters(recurse)
 
     def train(self, mode: bool = True) -> "TrainingEngine":
         self.engine.train(mode)
@@ -199,6 +248,7 @@ class TrainingEngine:
 
     def load_checkpoint(self, directory: str, tag: Optional[str] = None) -> dict:
         """Collective; restores everything `save_checkpoint` wrote and returns client_state.
+        Files are read weights-only (`load_weights_only`): never unpickling code.
 
         Under ZeRO-3 load into a freshly built engine, not one that already trained.
         """

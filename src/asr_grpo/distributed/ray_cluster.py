@@ -18,6 +18,7 @@ from typing import Optional
 log = logging.getLogger(__name__)
 
 _started: Optional[dict] = None   # what start_ray did, reported again on reuse
+_keep_joined = False              # shutdown_ray leaves a joined cluster connected (see keep_joined_connection)
 
 
 def cuda_device_count() -> int:
@@ -103,10 +104,21 @@ def cluster_summary() -> dict:
                           if not k.startswith("node:") and "_group_" not in k}}
 
 
+def keep_joined_connection(keep: bool = True) -> None:
+    """While set, shutdown_ray() keeps a connection to a joined cluster (placement.ray_address)
+    open, so the runs of a sweep share one driver connection: a driver that is itself a Ray
+    job loses its working_dir (its code and its cwd) when it disconnects. A local Ray
+    started here is still shut down."""
+    global _keep_joined
+    _keep_joined = keep
+
+
 def shutdown_ray() -> None:
     global _started
     import ray
 
+    if _keep_joined and _started and _started.get("joined") and ray.is_initialized():
+        return
     if ray.is_initialized():
         ray.shutdown()
     _started = None

@@ -53,6 +53,10 @@ def _ask_where(_self) -> dict:   # via __ray_call__, so any actor class can answ
     return where_am_i()
 
 
+def _pid(_self) -> int:
+    return os.getpid()
+
+
 def _rendezvous(pg, slot: Slot) -> tuple[str, int]:
     """MASTER_ADDR/PORT for the role's process group: the node holding rank 0's bundle.
     A local start binds Ray to the loopback, so this is 127.0.0.1 there; a port must be
@@ -81,16 +85,19 @@ class RoleGroup:
     LOCAL_RANK is "0": Ray narrows each GPU actor's CUDA_VISIBLE_DEVICES to its bundle's
     GPU, so inside the actor that GPU is always device 0 (OpenRLHF does the same);
     torchrun's node-local rank would name a device the actor cannot see.
+    `max_restarts` / `max_task_retries` are Ray's actor fault-tolerance options
+    (see `faults.restart_options`).
     """
 
     def __init__(self, role: str, actor_cls, plan: PlacementPlan, pg, *,
                  init_args: Sequence = (), init_kwargs: Optional[dict] = None,
                  env_vars: Optional[dict] = None, runtime_env: Optional[dict] = None,
-                 timeout_s: Optional[float] = None):
+                 timeout_s: Optional[float] = None, max_restarts: int = 0, max_task_retries: int = 0):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.role, self.plan, self.pg, self.timeout_s = role, plan, pg, timeout_s
+        self.restartable = max_restarts != 0
         self.slots = plan.ranks(role)
         if not self.slots:
             raise ValueError(f"role {role!r} has 0 ranks in the plan; nothing to start")
@@ -111,6 +118,7 @@ class RoleGroup:
             self._handles.append(remote_cls.options(
                 num_cpus=0, num_gpus=slot.num_gpus, scheduling_strategy=strategy,
                 runtime_env={**(runtime_env or {}), "env_vars": env},
+                max_restarts=max_restarts, max_task_retries=max_task_retries,
             ).remote(*init_args, **(init_kwargs or {})))
 
     # -- calls ---------------------------------------------------------------------------
@@ -150,6 +158,19 @@ class RoleGroup:
         import ray
         ray.get([h.__ray_ready__.remote() for h in self._handles],
                 timeout=timeout_s if timeout_s is not None else self.timeout_s)
+
+    def rank_of(self, actor_id) -> Optional[int]:
+        """The rank whose actor has this id (e.g. a RayActorError's `actor_id`), or None."""
+        wanted = actor_id.hex() if hasattr(actor_id, "hex") else str(actor_id)
+        for rank, h in enumerate(self._handles):
+            if h._actor_id.hex() == wanted:
+                return rank
+        return None
+
+    def pids(self) -> list[int]:
+        """Each rank's current process id (a restart changes it)."""
+        import ray
+        return ray.get([h.__ray_call__.remote(_pid) for h in self._handles], timeout=self.timeout_s)
 
     def kill(self) -> None:
         import ray

@@ -15,15 +15,21 @@ Everything is sent, frozen encoder included: simplest and always correct, and th
 frozen part is small next to an LM. A header of (numel, dtype) per tensor goes first,
 so a mismatched architecture fails with a clear error instead of hanging or
 scrambling weights, and a receiver in another dtype (e.g. bf16 rollout) gets a cast.
+A receiver that holds no copy of the module (a vLLM worker, whose weights are laid out
+differently) takes the tensors one by one with `receive_tensors`, given the sender's
+`tensor_specs` (names and shapes), and loads them its own way.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
-from typing import Optional
+import math
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
+
+from asr_grpo.distributed.net import tcp_store
 
 # dtype <-> int for the header (only dtypes a model would hold).
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
@@ -54,8 +60,7 @@ class WeightSyncGroup:
         so start the remote members (e.g. Ray calls) before the local one. Rank 0 hosts
         the store on `master_addr:master_port`, a port distinct from MASTER_PORT."""
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0,
-                              timeout=timeout)
+        store = tcp_store(master_addr, master_port, world_size, rank == 0, timeout)   # binds master_addr only
         if backend == "gloo":
             pg, device = dist.ProcessGroupGloo(store, rank, world_size, timeout), torch.device("cpu")
         elif backend == "nccl":
@@ -88,18 +93,24 @@ class WeightSyncGroup:
         broadcast_model(model, zero_stage, self)
 
     # -- receiver -----------------------------------------------------------------
+    def _header_for(self, specs: list[tuple[str, tuple[int, ...]]]) -> list[tuple[int, int]]:
+        """Receive the sender's header and check it against this side's (name, shape)s."""
+        header = self._exchange_header(torch.empty(0, 2, dtype=torch.int64)).tolist()
+        if len(header) != len(specs):
+            raise ValueError(f"weight sync: sender has {len(header)} tensors, this model "
+                             f"{len(specs)}: not the same architecture")
+        for (name, shape), (numel, _) in zip(specs, header):
+            if numel != math.prod(shape):
+                raise ValueError(f"weight sync: {name} has {math.prod(shape)} elements here, "
+                                 f"{numel} on the sender")
+        return header
+
     @torch.no_grad()
     def receive_model(self, model: torch.nn.Module) -> None:
         """Rollout ranks: overwrite `model`'s tensors in place with rank 0's."""
         tensors = _tensors(model)
-        header = self._exchange_header(torch.empty(0, 2, dtype=torch.int64))
-        if len(header) != len(tensors):
-            raise ValueError(f"weight sync: sender has {len(header)} tensors, this model "
-                             f"{len(tensors)}: not the same architecture")
-        for (name, t), (numel, code) in zip(tensors, header.tolist()):
-            if numel != t.numel():
-                raise ValueError(f"weight sync: {name} has {t.numel()} elements here, "
-                                 f"{numel} on the sender")
+        header = self._header_for(tensor_specs(model))
+        for (_, t), (_, code) in zip(tensors, header):
             dtype = _DTYPES[code]
             if dtype == t.dtype and self._in_place_ok(t):
                 self._broadcast(t.data)  # straight into the parameter
@@ -107,6 +118,21 @@ class WeightSyncGroup:
                 buf = torch.empty(t.shape, dtype=dtype, device=self.device)
                 self._broadcast(buf)
                 t.data.copy_(buf)
+
+    def receive_tensors(self, specs: list[tuple[str, tuple[int, ...]]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Receivers without the sender's module (a vLLM worker): yield (name, tensor)
+        one at a time, in the sender's order, as sent (dtype included). `specs` is
+        `tensor_specs` of the sender's architecture; consume every item."""
+        for (name, shape), (_, code) in zip(specs, self._header_for(specs)):
+            buf = torch.empty(shape, dtype=_DTYPES[code], device=self.device)
+            self._broadcast(buf)
+            yield name, buf
+
+
+def tensor_specs(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, full shape) of every tensor the sender walks, in its order; a model built
+    on the meta device gives the same list without allocating its weights."""
+    return [(name, tuple(getattr(t, "ds_shape", t.shape))) for name, t in _tensors(model)]
 
 
 @torch.no_grad()

@@ -1,7 +1,14 @@
 """Turn finished prompt groups into experience: score every sequence (old and reference
-log-probs, critic values, rewards: the scorers run concurrently), then advantages."""
+log-probs, critic values, rewards: the scorers run concurrently), then advantages.
+
+Faults met here: a reward file's error reaches the caller as `RewardFunctionError`
+(file, cause, samples) before any update; a reward worker left with a hung
+`reward_func` is restarted; sequences a restarted streaming scorer lost are scored
+again in one shot; and no non-finite number leaves as experience (`check_finite`).
+"""
 from __future__ import annotations
 
+import logging
 import time
 from typing import Sequence
 
@@ -10,9 +17,12 @@ import torch
 
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.experience.advantages import estimate_advantages
-from asr_grpo.experience.types import ExperienceItem, PromptGroup, SequenceRef
+from asr_grpo.experience.types import ExperienceItem, PromptGroup, SequenceRef, check_finite
 from asr_grpo.rewards.combine import RewardResult
+from asr_grpo.rewards.loader import RewardFunctionError
 from asr_grpo.rollout.types import SequenceResult
+
+log = logging.getLogger(__name__)
 
 
 def split_even(items: Sequence, parts: int) -> list[list]:
@@ -31,20 +41,48 @@ class ExperienceMaker:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.policy, self.ref, self.critic, self.reward = policy, ref, critic, reward
         self.reward_model = reward_model
+        self.rescored = 0          # sequences scored again after a streaming scorer restarted
+        self.reward_restarts = 0   # reward workers restarted to reclaim a hung reward_func
 
-    @staticmethod
-    def _launch(group, method: str, refs: list[SequenceRef], streamed=None):
+    def _launch(self, group, method: str, refs: list[SequenceRef], streamed=None):
         """Score the sequences `streamed` does not cover on the role's ranks; returns a
         waiter that gives the scores of all `refs` in order."""
         covered = streamed.uids if streamed is not None else set()
         missing = [r for r in refs if r.uid not in covered]
         waiting = group.call_split(method, split_even(missing, group.world_size)) if missing else []
 
+        def scores(seqs: list[SequenceRef], pending: list) -> dict[str, torch.Tensor]:
+            return dict(zip((r.uid for r in seqs), (x for part in ray.get(pending) for x in part)))
+
         def wait() -> list[torch.Tensor]:
             have = streamed.get() if streamed is not None else {}
-            fresh = dict(zip((r.uid for r in missing), (x for part in ray.get(waiting) for x in part)))
+            fresh = scores(missing, waiting)
+            lost = [r for r in refs if r.uid in covered and r.uid not in have]
+            if lost:   # the scorer restarted mid-stream: score what its caches held in one shot
+                self.rescored += len(lost)
+                fresh.update(scores(lost, group.call_split(method, split_even(lost, group.world_size))))
             return [have[r.uid] if r.uid in have else fresh[r.uid] for r in refs]
         return wait
+
+    def _rewards(self, batch: dict, n: int) -> RewardResult:
+        """The reward workers' results over their shards. A reward file's error is raised
+        as itself (not wrapped in Ray's task error); a worker left with a hung call is
+        restarted (Ray re-runs its constructor) so the stuck thread goes with it."""
+        shards = split_even(list(range(n)), self.reward.world_size)
+        calls = [(w, w.score.remote({k: [v[i] for i in idx] for k, v in batch.items()}))
+                 for w, idx in zip(self.reward.handles, shards) if idx]
+        parts = []
+        for worker, ref in calls:
+            try:
+                out = ray.get(ref)
+            except RewardFunctionError as exc:
+                raise type(exc.cause)(str(exc.cause)) from exc
+            if out.get("hung_calls"):
+                log.warning("reward worker has %d hung reward_func calls: restarting it", out["hung_calls"])
+                ray.kill(worker, no_restart=False)
+                self.reward_restarts += 1
+            parts.append(RewardResult.from_dict(out))
+        return RewardResult.cat(parts)
 
     def reward_batch(self, groups: list[PromptGroup], seqs: list[SequenceResult]) -> dict:
         by_uid = {g.uid: g for g in groups}
@@ -79,15 +117,12 @@ class ExperienceMaker:
             # The reward function takes the model-based component as an input.
             lm = self._launch(self.reward_model, "compute_fluency", refs, streamed.get("lm"))()
             batch["lm_scores"] = [float(x) for x in lm]
-        reward_shards = split_even(list(range(len(seqs))), self.reward.world_size)
-        pending["reward"] = [w.score.remote({k: [v[i] for i in idx] for k, v in batch.items()})
-                             for w, idx in zip(self.reward.handles, reward_shards) if idx]
-        got = {k: v() if callable(v) else ray.get(v) for k, v in pending.items()}
+        reward = self._rewards(batch, len(seqs))
+        got = {k: v() for k, v in pending.items()}
         score_s = time.monotonic() - t0
         old, ref, values = got["old"], got.get("ref"), got.get("values")
-        reward = RewardResult.cat([RewardResult.from_dict(d) for d in got["reward"]])
-        dropped_groups = 0
-        if reward.num_dropped:
+        dropped_groups, dropped = 0, reward.num_dropped
+        if dropped:
             # reward.on_bad_reward=drop: a group with a bad sample leaves whole, so group
             # statistics (GRPO baselines) never see a hole.
             bad = {s.group for s, k in zip(seqs, reward.keep.tolist()) if not k}
@@ -99,6 +134,12 @@ class ExperienceMaker:
             reward = RewardResult(total=reward.total[keep], scores=reward.scores[keep],
                                   components={k: v[keep] for k, v in reward.components.items()},
                                   keep=torch.ones(len(keep), dtype=torch.bool))
+        faults = {"reward/dropped": float(dropped), "reward/dropped_groups": float(dropped_groups),
+                  "faults/rescored_sequences": float(self.rescored),
+                  "faults/reward_worker_restarts": float(self.reward_restarts)}
+        if not seqs:   # every group dropped: nothing to train on this step
+            log.warning("every sampled group was dropped by reward.on_bad_reward=drop: no update this step")
+            return [], {**reward.log("reward/"), **faults, "perf/time/scoring": score_s}
         adv = estimate_advantages(algo, reward.total, [len(s.tokens) for s in seqs], old, ref, values,
                                   algo.n_samples_per_prompt)
         items = [ExperienceItem(uid=s.uid, group=s.group, prompt_ids=r.prompt_ids, response_ids=s.tokens,
@@ -108,9 +149,9 @@ class ExperienceMaker:
                                 returns=None if adv.returns is None else adv.returns[i],
                                 old_values=None if values is None else values[i])
                  for i, (s, r) in enumerate(zip(seqs, refs))]
+        check_finite(items, "experience")
         lengths = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.float32)
-        metrics = {**reward.log("reward/"), **adv.metrics, "perf/time/scoring": score_s,
-                   "reward/dropped_groups": float(dropped_groups),
+        metrics = {**reward.log("reward/"), **adv.metrics, **faults, "perf/time/scoring": score_s,
                    "charts/response_length": float(lengths.mean()) if seqs else 0.0,
                    **({"charts/response_length_p50": float(lengths.quantile(0.5)),
                        "charts/response_length_p90": float(lengths.quantile(0.9)),

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -55,3 +55,20 @@ class SequenceRef:
     response_ids: list[int]
     features: AudioFeatures | None
     language: str | None = None     # what a text-only scorer (the LM reward model) conditions on
+
+
+class NonFiniteError(FloatingPointError):
+    """A NaN or inf in experience or a loss: refused before it reaches an optimizer."""
+
+
+def check_finite(items: Sequence[ExperienceItem], where: str) -> None:
+    """Raise `NonFiniteError` naming the samples and fields with a NaN or inf."""
+    bad = {}
+    for it in items:
+        for name in ("advantages", "old_logprobs", "behaviour_logprobs", "ref_logprobs", "returns", "old_values"):
+            t = getattr(it, name)
+            if t is not None and not bool(torch.isfinite(t).all()):
+                bad.setdefault(name, []).append(it.uid)
+    if bad:
+        raise NonFiniteError(f"{where}: non-finite values, refused before any update: "
+                             + "; ".join(f"{k} of samples {v}" for k, v in bad.items()))

@@ -1,5 +1,7 @@
 """HF-format checkpoints written atomically: a crash mid-write never leaves a folder
-that looks complete, and the previous checkpoint stays loadable."""
+that looks complete, and the previous checkpoint stays loadable. The one moment a
+folder is missing (old copy moved aside, new one not yet in) is repaired by
+`is_complete_checkpoint`, which puts the newest complete copy back."""
 from __future__ import annotations
 
 import json
@@ -11,16 +13,21 @@ from typing import Any
 COMPLETE_MARKER = "checkpoint_complete.json"
 
 
-def _fsync_tree(path: Path) -> None:
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb") as fh:
-                os.fsync(fh.fileno())
+def fsync_path(path: str | Path) -> None:
+    """fsync a file or a folder (a folder's fsync makes its renames durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(path: str | Path) -> None:
+    """fsync every file and folder under `path`, `path` last."""
+    for root, _dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
 
 
 def save_hf_checkpoint(model, processor, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
@@ -33,18 +40,35 @@ def save_hf_checkpoint(model, processor, path: str | Path, metadata: dict[str, A
     model.save_pretrained(tmp, safe_serialization=True)
     processor.save_pretrained(tmp)
     (tmp / COMPLETE_MARKER).write_text(json.dumps(metadata or {}, indent=2, sort_keys=True))
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     # os.replace cannot replace a non-empty directory: move the old one aside first.
     old = path.with_name(f"{path.name}.old-{os.getpid()}")
     if path.exists():
         os.replace(path, old)
     os.replace(tmp, path)
+    fsync_path(path.parent)
     if old.exists():
         shutil.rmtree(old)
     return path
 
 
+def recover_interrupted_save(path: str | Path) -> bool:
+    """A save killed between its two renames leaves no folder at `path` but a complete
+    new copy (`.tmp-<pid>`) and the old one (`.old-<pid>`): move the new one (else the
+    old one) back into place. Returns whether it did."""
+    path = Path(path)
+    if path.exists() or not path.parent.is_dir():
+        return False
+    for pattern in (f"{path.name}.tmp-*", f"{path.name}.old-*"):   # the newer copy first
+        for candidate in sorted(path.parent.glob(pattern)):
+            if (candidate / COMPLETE_MARKER).is_file():
+                os.replace(candidate, path)
+                return True
+    return False
+
+
 def is_complete_checkpoint(path: str | Path) -> bool:
+    recover_interrupted_save(path)
     return (Path(path) / COMPLETE_MARKER).is_file()
 
 

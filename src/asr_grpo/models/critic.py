@@ -7,7 +7,7 @@ from transformers import Qwen3ASRForConditionalGeneration
 
 from asr_grpo.models.builder import set_audio_encoder_frozen
 from asr_grpo.models.kv_batch import ForwardFn
-from asr_grpo.models.sequences import SequenceBatch
+from asr_grpo.models.sequences import SequenceBatch, on_model_device
 
 
 class ValueModel(torch.nn.Module):
@@ -36,13 +36,13 @@ class ValueModel(torch.nn.Module):
 
 def response_values(model: ValueModel, batch: SequenceBatch) -> torch.Tensor:
     """V(state before response token j) [B, T]: read at the column that predicts token j."""
-    values = model(**batch.model_inputs())
+    values = model(**on_model_device(model, batch.model_inputs())).cpu()
     return values[:, batch.prompt_width - 1:-1] * batch.response_mask
 
 
 def value_forward(model: ValueModel) -> ForwardFn:
     """Per-position values with the backbone's KV cache (for streaming scoring)."""
     def forward(cache=None, **inputs):
-        out = model.backbone(**inputs, cache=cache, use_cache=True)
-        return model.value_head(out.last_hidden_state).squeeze(-1), out.cache
+        out = model.backbone(**on_model_device(model, inputs), cache=cache, use_cache=True)
+        return model.value_head(out.last_hidden_state).squeeze(-1).cpu(), out.cache
     return forward

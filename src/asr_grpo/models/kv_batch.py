@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from asr_grpo.models.sequences import AudioFeatures, positions_from_mask, stack_features
+from asr_grpo.models.sequences import AudioFeatures, on_model_device, positions_from_mask, stack_features
 
 # forward(input_ids, attention_mask, position_ids, cache, [input_features, input_features_mask])
 #   -> (per-position outputs [B, L, ...], cache)
@@ -24,8 +24,8 @@ ForwardFn = Callable[..., tuple[torch.Tensor, object]]
 def causal_lm_forward(model) -> ForwardFn:
     """Logits of a (speech) causal LM, with its KV cache."""
     def forward(cache=None, **inputs):
-        out = model(**inputs, cache=cache, use_cache=True)
-        return out.logits, out.cache
+        out = model(**on_model_device(model, inputs), cache=cache, use_cache=True)
+        return out.logits.cpu(), out.cache
     return forward
 
 

@@ -51,6 +51,16 @@ def stack_features(feats: Sequence[AudioFeatures]) -> tuple[torch.Tensor, torch.
     return x, m
 
 
+def on_model_device(model, inputs: dict) -> dict:
+    """`inputs` moved to where `model`'s weights are (a GPU under DeepSpeed; a no-op on
+    CPU). Batches are built on the CPU and outputs come back there (see the callers):
+    Ray ships CPU tensors, and the losses and samplers work on them."""
+    device = getattr(model, "device", None)
+    if not isinstance(device, torch.device):
+        device = next(model.parameters()).device
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
@@ -92,8 +102,8 @@ def pack_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
 
 def response_logits(model, batch: SequenceBatch) -> torch.Tensor:
     """Logits [B, T, V] that predict each response token."""
-    out = model(**batch.model_inputs(), use_cache=False)
-    return out.logits[:, batch.prompt_width - 1:-1, :]
+    out = model(**on_model_device(model, batch.model_inputs()), use_cache=False)
+    return out.logits[:, batch.prompt_width - 1:-1, :].cpu()
 
 
 def response_logprobs(model, batch: SequenceBatch, temperature: float = 1.0) -> torch.Tensor:

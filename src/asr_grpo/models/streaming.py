@@ -102,6 +102,11 @@ class StreamingScorer:
         """Weights changed: forget caches and partial scores, keep the registrations."""
         self._scores, self._consumed, self._cohort_of = {}, {}, {}
 
+    def clear(self) -> None:
+        """Forget every sequence: registrations, caches and partial scores."""
+        self._prompts = {}
+        self.reset_caches()
+
     # ---- internals -----------------------------------------------------------------
     def _start_cohort(self, uids: list[str], tokens: Mapping[str, Sequence[int]]) -> None:
         kv = KVBatch(self.forward(), self.pad_id)

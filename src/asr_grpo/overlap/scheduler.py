@@ -10,11 +10,16 @@
 
 Rollout hosts (policy ranks or rollout workers) keep the live sequences between steps;
 this driver-side object keeps the latest state of every sequence, which is what a
-checkpoint stores and what a resume puts back.
+checkpoint stores and what a resume puts back, and what a rollout worker that died
+mid-step (Ray restarts it) gets back: `restore_host(rank)` (the recipe's: the current
+weights) and then its unfinished sequences with their tokens so far. A streaming scorer
+that died loses the calls in flight; `StreamedScores` leaves those sequences out and
+the experience maker scores them again in one shot.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -22,9 +27,12 @@ from typing import Callable
 import ray
 import torch
 
+from asr_grpo.distributed.faults import is_actor_death
 from asr_grpo.experience.types import PromptGroup, SequenceRef
 from asr_grpo.overlap.controllers import ChunkSizeController, DeltaController, staleness_histogram
 from asr_grpo.rollout.types import RolloutRequest, SequenceResult
+
+log = logging.getLogger(__name__)
 
 # mode -> (stream chunks to the scorers, overcommit the buffer)
 MODES = {"none": (False, False), "intra": (True, False), "inter": (False, True), "oppo": (True, True)}
@@ -52,13 +60,21 @@ class StreamedScores:
 
     def __init__(self, uids: set[str], pending: list):
         self.uids, self._pending, self._scores = uids, pending, None
+        self.lost_calls = 0   # calls a scorer restart lost: their sequences are missing from get()
 
     def get(self) -> dict[str, torch.Tensor]:
         if self._scores is None:
             merged: dict[str, torch.Tensor] = {}
-            for part in ray.get(self._pending):
-                merged.update(part)
-            self._scores = {u: merged[u] for u in self.uids}
+            for ref in self._pending:
+                try:
+                    merged.update(ray.get(ref))
+                except Exception as exc:
+                    if not is_actor_death(exc):
+                        raise
+                    self.lost_calls += 1
+            if self.lost_calls:
+                log.warning("a streaming scorer restarted: %d of its calls were lost", self.lost_calls)
+            self._scores = {u: merged[u] for u in self.uids if u in merged}
         return self._scores
 
 
@@ -71,12 +87,16 @@ class StepRollout:
 
 
 class RolloutScheduler:
-    def __init__(self, overlap_cfg, prompts_per_step: int, hosts, scorers: dict | None = None):
+    def __init__(self, overlap_cfg, prompts_per_step: int, hosts, scorers: dict | None = None,
+                 restore_host: Callable[[int], None] | None = None):
         self.mode = overlap_cfg.mode
         if self.mode not in MODES:
             raise ValueError(f"overlap.mode={self.mode!r}: expected one of {', '.join(MODES)}")
         self.streaming, self.overcommit = MODES[self.mode]
         self.B, self.hosts = prompts_per_step, hosts
+        # Puts the current weights on a restarted host; None: a host's death is fatal.
+        self.restore_host = restore_host
+        self.host_restarts = 0
         self.scorers = dict(scorers or {}) if self.streaming else {}
         adaptive = self.mode == "oppo"
         self.chunk_ctrl = ChunkSizeController.from_config(overlap_cfg) if adaptive else None
@@ -117,7 +137,7 @@ class RolloutScheduler:
             self._admit(new_groups(want))
         rounds = 0
         while not self._enough():
-            per_host = ray.get(self.hosts.call("decode", chunk))
+            per_host = [r or [] for r in self._gather(self.hosts.call("decode", chunk))]
             self.round, rounds = self.round + 1, rounds + 1
             touched = [r for results in per_host for r in results]
             self._record(touched)
@@ -161,7 +181,42 @@ class RolloutScheduler:
         self.counts["groups_entered"] += len(groups)
         if self.ledger is not None:
             self.ledger.setdefault("entered", []).extend(g.uid for g in groups)
-        ray.get(self.hosts.call_split("add_requests", per_host))
+        self._gather(self.hosts.call_split("add_requests", per_host))
+
+    def _gather(self, refs: list) -> list:
+        """One result per host; a host that died is restored (its result is None: the
+        re-issued work runs in the next decode round)."""
+        out = []
+        for rank, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref))
+            except Exception as exc:
+                if not is_actor_death(exc) or self.restore_host is None:
+                    raise
+                self._restore(rank, exc)
+                out.append(None)
+        return out
+
+    def _restore(self, rank: int, cause: BaseException) -> None:
+        reqs, parts = self._unfinished([e for e in self.buffer if e.host == rank])
+        log.warning("rollout host %d died or restarted (%s): restoring its weights and re-issuing its "
+                    "%d unfinished sequences", rank, type(cause).__name__, len(reqs))
+        self.restore_host(rank)
+        ray.get(self.hosts.call_rank(rank, "resume_sequences", reqs, parts))
+        ray.get(self.hosts.call_rank(rank, "mark_restored"))
+        self.host_restarts += 1
+
+    @staticmethod
+    def _unfinished(entries: list[BufferedGroup]) -> tuple[list, list[SequenceResult]]:
+        """The requests of every unfinished sequence in `entries`, with its latest state."""
+        reqs, parts = [], []
+        for entry in entries:
+            for req in entry.group.requests():
+                seen = entry.samples.get(req.uid)
+                if seen is None or not seen.done:
+                    reqs.append(req)
+                    parts.append(seen or SequenceResult(req.uid, req.group, [], [], [], None))
+        return reqs, parts
 
     def _enough(self) -> bool:
         finished = sum(e.done for e in self.buffer)
@@ -247,18 +302,10 @@ class RolloutScheduler:
             self.chunk_ctrl.load_state_dict(state["chunk_ctrl"])
         if self.delta_ctrl and state["delta_ctrl"]:
             self.delta_ctrl.load_state_dict(state["delta_ctrl"])
-        self.buffer = []
-        per_host: list[tuple[list, list]] = [([], []) for _ in range(self.hosts.world_size)]
-        for saved in state["buffer"]:
-            group = rebuild(saved)
-            host = saved["host"] % self.hosts.world_size
-            entry = BufferedGroup(group, host, {u: SequenceResult(**s) for u, s in saved["samples"].items()},
-                                  saved["finished_round"])
-            self.buffer.append(entry)
-            for req in group.requests():
-                done = entry.samples.get(req.uid)
-                if done is None or not done.done:
-                    per_host[host][0].append(req)
-                    per_host[host][1].append(done or SequenceResult(req.uid, req.group, [], [], [], None))
+        self.buffer = [BufferedGroup(rebuild(saved), saved["host"] % self.hosts.world_size,
+                                     {u: SequenceResult(**s) for u, s in saved["samples"].items()},
+                                     saved["finished_round"])
+                       for saved in state["buffer"]]
+        per_host = [self._unfinished([e for e in self.buffer if e.host == h]) for h in range(self.hosts.world_size)]
         ray.get([self.hosts.call_rank(h, "resume_sequences", reqs, parts)
                  for h, (reqs, parts) in enumerate(per_host) if reqs])

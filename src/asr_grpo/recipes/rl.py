@@ -19,7 +19,7 @@ from tqdm import tqdm
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.config.validate import validate_config
 from asr_grpo.data import AsrDataset, resolve_manifests
-from asr_grpo.distributed.deepspeed_strategy import backend_for_device
+from asr_grpo.distributed.faults import TrainerDied, is_actor_death, restart_options, trainer_died_message
 from asr_grpo.distributed.net import free_port
 from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
 from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
@@ -28,7 +28,7 @@ from asr_grpo.distributed.roles.critic import CriticRole
 from asr_grpo.distributed.roles.policy import PolicyRole
 from asr_grpo.distributed.roles.reference import ReferenceRole
 from asr_grpo.distributed.roles.reward_model import RewardModelRole
-from asr_grpo.distributed.roles.rollout import RolloutRole
+from asr_grpo.distributed.roles.rollout import rollout_ranks, rollout_role_spec, sync_backend
 from asr_grpo.experience.maker import ExperienceMaker, split_even
 from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.models import is_complete_checkpoint, load_processor
@@ -61,8 +61,9 @@ def optimizer_steps_per_rl_step(cfg) -> int:
 
 
 class RLRecipe:
-    def __init__(self, cfg: RunConfig | DictConfig, run_name: str = "rl"):
+    def __init__(self, cfg: RunConfig | DictConfig, run_name: str = "rl", tags: dict | None = None):
         self.cfg, self.run_name = cfg, run_name
+        self.tags = dict(tags or {})   # extra MLflow tags (a sweep job's sweep and parent run)
         self.step = 0
 
     # ---- setup ---------------------------------------------------------------------------
@@ -72,8 +73,8 @@ class RLRecipe:
         use_lm = cfg.reward.smoothness_scorer == "lm"
         counts = role_counts(cfg.placement, use_critic=cfg.algorithm.use_critic,
                              use_ref=cfg.algorithm.kl_coef > 0, use_reward_model=use_lm)
-        if cfg.placement.colocate:
-            counts["rollout"] = 0   # the policy ranks roll out with their own weights
+        # Colocated HF: the policy ranks roll out with their own weights (no rollout role).
+        counts["rollout"] = rollout_ranks(cfg)
         self.separate_rollout = counts["rollout"] > 0
         self.plan = plan_placement(cfg.placement, counts)   # fails here, before Ray starts
         ensure_sft_checkpoint(cfg)
@@ -89,7 +90,8 @@ class RLRecipe:
         self.pg = create_placement_group(self.plan) if self.plan.bundles else None
         cfg_dict = OmegaConf.to_container(cfg, resolve=True)
         opt_steps = cfg.trainer.steps * optimizer_steps_per_rl_step(cfg)
-        mk = lambda role, cls, **kw: RoleGroup(role, cls, self.plan, self.pg, init_kwargs=kw)  # noqa: E731
+        mk = lambda role, cls, **kw: RoleGroup(role, cls, self.plan, self.pg, init_kwargs=kw,  # noqa: E731
+                                               **restart_options(role))
         self.policy = mk("actor", PolicyRole, cfg=cfg_dict, optimizer_steps=opt_steps)
         self.ref = mk("ref", ReferenceRole, cfg=cfg_dict) if counts["ref"] else None
         self.critic = mk("critic", CriticRole, cfg=cfg_dict, optimizer_steps=opt_steps) if counts["critic"] else None
@@ -97,7 +99,11 @@ class RLRecipe:
                          weights=dict(cfg.reward.weights), timeout_s=cfg.reward.timeout_s,
                          on_bad_reward=cfg.reward.on_bad_reward)
         self.reward_model = mk("reward_model", RewardModelRole, cfg=cfg_dict) if use_lm else None
-        self.rollout_group = mk("rollout", RolloutRole, cfg=cfg_dict) if self.separate_rollout else None
+        self.rollout_group = None
+        if self.separate_rollout:
+            rollout_cls, rollout_plan, rollout_kw = rollout_role_spec(cfg, self.plan)
+            self.rollout_group = RoleGroup("rollout", rollout_cls, rollout_plan, self.pg,
+                                           init_kwargs={"cfg": cfg_dict, **rollout_kw}, **restart_options("rollout"))
         self.groups = [g for g in (self.policy, self.ref, self.critic, self.reward_model, self.reward,
                                    self.rollout_group)
                        if g is not None]
@@ -108,42 +114,92 @@ class RLRecipe:
         hosts = self.policy if self.rollout_group is None else self.rollout_group
         scorers = {name: g for name, g in (("ref", self.ref), ("values", self.critic), ("lm", self.reward_model))
                    if g is not None}
-        self.scheduler = RolloutScheduler(cfg.overlap, cfg.trainer.prompts_per_step, hosts, scorers)
+        self.scheduler = RolloutScheduler(cfg.overlap, cfg.trainer.prompts_per_step, hosts, scorers,
+                                          restore_host=self._restore_rollout_worker if self.rollout_group else None)
         self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward,
                                      self.reward_model)
         self.placement = {g.role: g.placement_report() for g in self.groups}
+        self._pids = {g.role: g.pids() for g in self.groups if g.restartable}
+        self.restarts = {role: 0 for role in self._pids}
 
-    # ---- weight sync (placement=separate) ------------------------------------------------
+    # ---- weight sync (separate HF rollout workers, vLLM engines) ----------------------------
     def _join_weight_sync(self) -> None:
-        world = 1 + self.rollout_group.world_size
+        sizes = ray.get(self.rollout_group.call("weight_sync_ranks"))   # a vLLM engine: one per TP worker
+        world = 1 + sum(sizes)
         addr, port = self.policy.master_addr, free_port()
-        backend = backend_for_device()
+        backend = sync_backend(self.cfg)
         # The remote members first: creating the group blocks until all have joined.
-        refs = [h.join_weight_sync.remote(addr, port, i + 1, world, backend)
+        refs = [h.join_weight_sync.remote(addr, port, 1 + sum(sizes[:i]), world, backend)
                 for i, h in enumerate(self.rollout_group.handles)]
         ray.get(refs + self.policy.call("join_weight_sync", addr, port, world, backend))
 
     def sync_weights(self, version: int) -> float:
         """Push the policy's weights to the rollout workers; returns seconds spent."""
         t0 = time.monotonic()
+        self.weights_version = version
         if self.rollout_group is not None:
             ray.get(self.rollout_group.call("receive_weights", version) + self.policy.call("broadcast_weights"))
         ray.get(self.policy.call("set_policy_version", version))
         return time.monotonic() - t0
 
+    # ---- faults ------------------------------------------------------------------------
+    def _restore_rollout_worker(self, rank: int) -> None:
+        """A rollout worker restarted by Ray has the SFT weights and no sync group: wait
+        for it, build a fresh sync group (the old one lost a member) and push the weights
+        it decoded with; the scheduler then gives it its sequences back."""
+        self.rollout_group.wait_ready()
+        self._join_weight_sync()
+        self.sync_weights(getattr(self, "weights_version", 0))
+
+    def fault_metrics(self) -> dict[str, float]:
+        """faults/*: restarts seen per restartable role (its process changed), rollout
+        workers restored mid-step, and bad-data lines skipped so far (data/skipped)."""
+        for g in self.groups:
+            if g.role in self._pids:
+                pids = g.pids()
+                self.restarts[g.role] += sum(a != b for a, b in zip(pids, self._pids[g.role]))
+                self._pids[g.role] = pids
+        return {**{f"faults/restarts/{role}": float(n) for role, n in self.restarts.items()},
+                "faults/rollout_restores": float(self.scheduler.host_restarts),
+                "data/skipped": float(len(self.train_set.skipped) + len(self.dev_set.skipped))}
+
+    def _trainer_died(self, exc: BaseException, step: int) -> TrainerDied:
+        role, rank = "?", -1
+        for g in self.groups:
+            found = g.rank_of(getattr(exc, "actor_id", None) or "")
+            if found is not None:
+                role, rank = g.role, found
+        latest = ckpt.latest_checkpoint(self.cfg.trainer.output_dir)
+        return TrainerDied(trainer_died_message(role, rank, step, exc, str(latest) if latest else None,
+                                                ckpt.read_driver_state(latest)["step"] if latest else None))
+
     # ---- one step ---------------------------------------------------------------------
-    def _group(self, index: int, step: int):
+    def _group(self, index: int, step: int, item: dict | None = None):
         uid = f"s{step}:{self.train_set.utterances[index].id}"
-        return build_group(self.processor, self.train_set[index], self.cfg.algorithm.n_samples_per_prompt,
-                           uid, step, index)
+        item = self.train_set[index] if item is None else item
+        return build_group(self.processor, item, self.cfg.algorithm.n_samples_per_prompt, uid, step, index)
+
+    def _new_groups(self, k: int, step: int) -> list:
+        """k prompt groups; with data.on_bad_audio=skip an utterance whose audio fails to
+        load is skipped (and counted) and the next one drawn."""
+        groups = []
+        while len(groups) < k:
+            for i in self.sampler.next(k - len(groups)):
+                item = self.train_set.load(i)
+                if item is not None:
+                    groups.append(self._group(i, step, item))
+        return groups
 
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.monotonic()
         chunk = self.scheduler.chunk_for(step)
-        rollout = self.scheduler.rollout(step, lambda k: [self._group(i, step) for i in self.sampler.next(k)])
+        rollout = self.scheduler.rollout(step, lambda k: self._new_groups(k, step))
+        if self.rollout_group is not None and self.cfg.rollout.sleep_level:
+            ray.get(self.rollout_group.call("sleep"))   # colocated vLLM frees the GPU for training
         t_score = time.monotonic()
         self.last_rollout = rollout   # kept for inspection (tests, debugging)
         items, metrics = self.maker.make(rollout.groups, rollout.results, rollout.streamed)
+        self.last_items = items
         metrics.update(rollout.metrics)
         t_train = time.monotonic()
         trainers = [g for g in (self.policy, self.critic) if g is not None]
@@ -158,7 +214,7 @@ class RLRecipe:
                         "perf/time/scoring_wall": t_train - t_score, "perf/time/training": t_sync - t_train,
                         "perf/time/sync": sync_s,
                         "perf/time/step": step_s, "charts/num_sequences": float(len(items)),
-                        **self.utilization(step_s)})
+                        **self.utilization(step_s), **self.fault_metrics()})
         self.scheduler.end_step(step, chunk, step_s, metrics.get("reward/total", float("nan")))
         return metrics
 
@@ -178,7 +234,7 @@ class RLRecipe:
         """Greedy CER/WER on the first `trainer.eval_max_utterances` dev utterances,
         sharded over the policy ranks."""
         n = min(len(self.dev_set), self.cfg.trainer.eval_max_utterances)
-        items = [self.dev_set[i] for i in range(n)]
+        items = [it for it in map(self.dev_set.load, range(n)) if it is not None]
         shards = split_even(items, self.policy.world_size)
         refs = [h.transcribe.remote([it["audio"] for it in s], [it["language"] for it in s])
                 for h, s in zip(self.policy.handles, shards)]
@@ -198,6 +254,9 @@ class RLRecipe:
         return ckpt.commit(out, staging, step, state)
 
     def resume(self) -> dict | None:
+        if Path(self.cfg.trainer.output_dir).is_dir():
+            for name in ckpt.discard_partials(self.cfg.trainer.output_dir):
+                log.warning("removed %s: a checkpoint whose writing was interrupted", name)
         path = ckpt.latest_checkpoint(self.cfg.trainer.output_dir)
         if path is None:
             log.warning("trainer.resume=true but no checkpoint in %s: starting fresh", self.cfg.trainer.output_dir)
@@ -223,7 +282,7 @@ class RLRecipe:
         summary: dict = {}
         with MlflowRun(cfg.logger, self.run_name, config=cfg, resume_run_id=run_id,
                        tags={"stage": "rl", "overlap": cfg.overlap.mode, "placement": cfg.placement.name,
-                             "algorithm": cfg.algorithm.name}) as tracker:
+                             "algorithm": cfg.algorithm.name, **self.tags}) as tracker:
             if not resumed:
                 tracker.log_summary(self.placement, "placement.json")
                 tracker.log_params(placement_params(self.placement))
@@ -235,7 +294,12 @@ class RLRecipe:
                        initial=start, total=cfg.trainer.steps)
             last_eval: dict[str, float] = {}
             for step in bar:
-                metrics = self.train_step(step)
+                try:
+                    metrics = self.train_step(step)
+                except Exception as exc:
+                    if is_actor_death(exc):   # what Ray restarts never gets here: a trainer died
+                        raise self._trainer_died(exc, step) from exc
+                    raise
                 done = step + 1
                 if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or done == cfg.trainer.steps):
                     last_eval = self.evaluate()
@@ -256,6 +320,10 @@ class RLRecipe:
     def cleanup(self) -> None:
         for g in getattr(self, "groups", []):
             g.kill()
+        if getattr(self, "pg", None) is not None:   # a shared cluster outlives the run: free its bundles
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.pg)
         shutdown_ray()
 
 
@@ -274,8 +342,8 @@ def placement_params(report: dict) -> dict[str, str]:
     return out
 
 
-def run_rl(cfg: RunConfig | DictConfig, run_name: str = "rl") -> dict:
-    recipe = RLRecipe(cfg, run_name)
+def run_rl(cfg: RunConfig | DictConfig, run_name: str = "rl", tags: dict | None = None) -> dict:
+    recipe = RLRecipe(cfg, run_name, tags)
     try:
         recipe.setup()
         return recipe.train()

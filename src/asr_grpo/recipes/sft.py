@@ -40,24 +40,23 @@ def seed_everything(seed: int) -> None:
 
 
 class CTCHead(torch.nn.Module):
-    """CTC over the adapter's audio frames, scored against the LM's own token embeddings
-    (plus a learned blank): frames are pulled towards the embeddings of the words they
-    carry, so the LM can read audio tokens almost like text from the start. SFT only;
-    the checkpoint keeps just the Qwen3-ASR weights (the blank vector is dropped)."""
+    """Auxiliary CTC over the adapter's audio frames (hybrid CTC/attention training): a
+    linear layer maps each frame to the token vocabulary plus a blank, so the encoder
+    gets a direct, alignment-free signal to carry what is said, instead of waiting for
+    the decoder to discover the audio. SFT only: the checkpoint keeps just the Qwen3-ASR
+    weights."""
 
-    def __init__(self, embeddings: torch.nn.Embedding):
+    def __init__(self, frame_dim: int, vocab_size: int):
         super().__init__()
-        self.embeddings = embeddings
-        self.blank = torch.nn.Parameter(torch.zeros(1, embeddings.embedding_dim))
-        self.blank_id = embeddings.num_embeddings
+        self.proj = torch.nn.Linear(frame_dim, vocab_size + 1)
+        self.blank_id = vocab_size
 
     def loss(self, frames: torch.Tensor, frame_lens: torch.Tensor, labels: torch.Tensor,
              eos_id: int) -> torch.Tensor:
         # Targets: the transcript tokens (labels without the ignore index and the EOS).
         targets = [row[(row != IGNORE_INDEX) & (row != eos_id)] for row in labels]
         target_lens = torch.tensor([len(t) for t in targets])
-        table = torch.cat([self.embeddings.weight, self.blank], dim=0)
-        logp = F.log_softmax(frames @ table.t(), dim=-1)
+        logp = F.log_softmax(self.proj(frames), dim=-1)
         # frames arrive flattened over the batch: split per utterance and pad to [T, B, V].
         per_utt = torch.split(logp, frame_lens.tolist())
         padded = torch.nn.utils.rnn.pad_sequence(per_utt)
@@ -85,8 +84,8 @@ class SFTRecipe:
         self.model.train()
         self.counts = parameter_counts(self.model)
         self.eos_id = self.tokenizer.eos_token_id
-        self.ctc = CTCHead(self.model.get_input_embeddings()) if cfg.sft.ctc_weight > 0 else None
-        params = list(self.model.parameters()) + ([self.ctc.blank] if self.ctc else [])
+        self.ctc = (CTCHead(cfg.model.text_hidden, len(self.tokenizer)) if cfg.sft.ctc_weight > 0 else None)
+        params = list(self.model.parameters()) + (list(self.ctc.parameters()) if self.ctc else [])
         self.optimizer = torch.optim.AdamW(params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
         self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             self.optimizer, num_warmup_steps=cfg.sft.warmup_steps, num_training_steps=cfg.sft.max_steps,

@@ -8,8 +8,8 @@ from asr_grpo.rewards.components import (
     COMPONENTS, DEFAULT_WEIGHTS, RewardSample, cer_score, keyword_recall,
     language_consistency, smoothness)
 from asr_grpo.rewards.loader import (
-    BUILTIN_REWARD_FILE, RewardFunctionError, call_reward_function, load_reward_function,
-    sanitize)
+    BUILTIN_REWARD_FILE, RewardCallFailed, RewardFunctionError, RewardTimeout, call_reward_function,
+    load_reward_function, sanitize)
 from asr_grpo.rewards.text import (
     LANGUAGE_CODES, LANGUAGE_NAMES, char_error_rate, error_rates_by_language,
     normalize_text, split_asr_output, utterance_cer, word_error_rate)
@@ -17,7 +17,7 @@ from asr_grpo.rewards.worker import RewardWorker, remote_reward_worker
 
 __all__ = [
     "BUILTIN_REWARD_FILE", "COMPONENTS", "DEFAULT_WEIGHTS", "LANGUAGE_CODES",
-    "LANGUAGE_NAMES", "RewardFunctionError", "RewardResult", "RewardSample",
+    "LANGUAGE_NAMES", "RewardCallFailed", "RewardFunctionError", "RewardResult", "RewardTimeout", "RewardSample",
     "RewardWorker", "call_reward_function", "cer_score", "char_error_rate", "combine",
     "error_rates_by_language", "keyword_recall", "language_consistency",
     "load_reward_function", "normalize_text", "remote_reward_worker", "sanitize",

@@ -56,13 +56,27 @@ class RewardResult:
         return int((~self.keep).sum())
 
     @classmethod
+    def dropped(cls, n: int) -> "RewardResult":
+        """N samples a drop policy removed as a whole (zeros, keep=False)."""
+        return cls(total=torch.zeros(n), keep=torch.zeros(n, dtype=torch.bool))
+
+    @classmethod
     def cat(cls, parts: Sequence["RewardResult"]) -> "RewardResult":
-        """Concatenate results of consecutive sample shards (e.g. one per reward worker)."""
-        names = parts[0].components.keys()
+        """Concatenate results of consecutive sample shards (e.g. one per reward worker).
+        A shard dropped whole may lack components: they are 0 there."""
+        names = list(dict.fromkeys(k for p in parts for k in p.components))
+
+        def component(p: "RewardResult", name: str) -> torch.Tensor:
+            if name in p.components:
+                return p.components[name]
+            if p.keep.any():
+                raise ValueError(f"reward component {name!r} is missing from a shard with kept samples")
+            return torch.zeros(len(p))
+
         return cls(total=torch.cat([p.total for p in parts]),
                    scores=torch.cat([p.scores for p in parts]),
                    keep=torch.cat([p.keep for p in parts]),
-                   components={k: torch.cat([p.components[k] for p in parts]) for k in names})
+                   components={k: torch.cat([component(p, k) for p in parts]) for k in names})
 
     def log(self, prefix: str = "reward/") -> dict[str, float]:
         """Means over the kept samples of the total and every component, plus the

@@ -2,8 +2,14 @@
 
 A reward file is user code: everything that can go wrong with it (missing file,
 import error, no `reward_func`, an exception, a hang, the wrong output) becomes a
-`RewardFunctionError` naming the file and the cause, and non-finite rewards are
-either refused (naming component and samples) or masked out; no NaN leaves here.
+`RewardFunctionError` naming the file, the cause and the samples, and non-finite
+rewards are either refused (naming component and samples) or masked out; no NaN
+leaves here.
+
+With on_bad="drop" a call that raises is retried one sample at a time, so only the
+samples it fails on are dropped; a call that hangs drops its whole batch (which
+sample hangs cannot be told without waiting out every one). A broken contract (wrong
+type or length) is a bug in the file, not in a sample: it raises under both policies.
 """
 from __future__ import annotations
 
@@ -26,10 +32,31 @@ log = logging.getLogger(__name__)
 BUILTIN_REWARD_FILE = Path(__file__).with_name("asr_reward.py")
 ON_BAD_POLICIES = ("error", "drop")
 _module_ids = itertools.count()
+_THREAD_NAME = "reward_func"
 
 
 class RewardFunctionError(RuntimeError):
     """A reward file could not be loaded, failed, hung or returned something unusable."""
+
+
+class RewardCallFailed(RewardFunctionError):
+    """`reward_func` raised (the cause is chained)."""
+
+
+class RewardTimeout(RewardFunctionError):
+    """`reward_func` did not return in time; its thread is still running."""
+
+
+def hung_reward_calls() -> int:
+    """Timed-out reward_func threads still running in this process (only a restart of
+    the process reclaims them)."""
+    return sum(t.name == _THREAD_NAME and t.is_alive() for t in threading.enumerate())
+
+
+def describe_samples(sample_ids: Sequence | None, n: int, limit: int = 8) -> str:
+    ids = list(sample_ids) if sample_ids is not None else list(range(n))
+    shown = ", ".join(map(str, ids[:limit])) + (", ..." if len(ids) > limit else "")
+    return f"{n} sample{'s' if n != 1 else ''}: [{shown}]"
 
 
 def load_reward_function(path: str | None) -> Callable[..., Any]:
@@ -64,7 +91,7 @@ def _source_of(fn: Callable) -> str:
         return repr(fn)
 
 
-def _run_with_timeout(fn: Callable, timeout_s: float | None, source: str, *args, **kwargs):
+def _run_with_timeout(fn: Callable, timeout_s: float | None, source: str, samples: str, *args, **kwargs):
     """Run fn in a daemon thread and wait at most timeout_s.
 
     A Python thread cannot be killed: a timed-out call keeps running in the
@@ -80,16 +107,16 @@ def _run_with_timeout(fn: Callable, timeout_s: float | None, source: str, *args,
         except BaseException as exc:   # noqa: BLE001 - re-raised in the caller's thread
             box["exc"] = exc
 
-    thread = threading.Thread(target=target, name="reward_func", daemon=True)
+    thread = threading.Thread(target=target, name=_THREAD_NAME, daemon=True)
     thread.start()
     thread.join(timeout_s if timeout_s and timeout_s > 0 else None)
     if thread.is_alive():
-        raise RewardFunctionError(
-            f"reward file {source}: reward_func did not return within {timeout_s} s")
+        raise RewardTimeout(
+            f"reward file {source}: reward_func did not return within {timeout_s} s ({samples})")
     if "exc" in box:
         exc = box["exc"]
-        raise RewardFunctionError(
-            f"reward file {source}: reward_func raised {type(exc).__name__}: {exc}") from exc
+        raise RewardCallFailed(
+            f"reward file {source}: reward_func raised {type(exc).__name__}: {exc} ({samples})") from exc
     return box["out"]
 
 
@@ -189,7 +216,40 @@ def call_reward_function(fn: Callable[..., Any], *, queries: Sequence[str],
         lengths["sample_ids"] = len(sample_ids)
     if len(set(lengths.values())) > 1:
         raise ValueError(f"batch fields must have the same length, got {lengths}")
-    # Positional, as in OpenRLHF's contract: a file may name the three parameters freely.
-    out = _run_with_timeout(fn, timeout_s, source, list(queries), list(prompts),
-                            list(labels), **kwargs)
-    return sanitize(_to_result(out, n, source), on_bad, sample_ids=sample_ids, source=source)
+    ids = list(sample_ids) if sample_ids is not None else list(range(n))
+
+    def run(rows: list[int]) -> RewardResult:
+        # Positional, as in OpenRLHF's contract: a file may name the three parameters freely.
+        per_sample = {k: [v[i] for i in rows] if _is_per_sample(v, n) else v for k, v in kwargs.items()}
+        out = _run_with_timeout(fn, timeout_s, source, describe_samples([ids[i] for i in rows], len(rows)),
+                                [queries[i] for i in rows], [prompts[i] for i in rows],
+                                [labels[i] for i in rows], **per_sample)
+        return _to_result(out, len(rows), source)
+
+    try:
+        result = run(list(range(n)))
+    except (RewardCallFailed, RewardTimeout) as exc:
+        if on_bad == "error":
+            raise
+        log.warning("%s: dropping the samples it fails on", exc)
+        result = _isolate(run, n, exc)
+    return sanitize(result, on_bad, sample_ids=sample_ids, source=source)
+
+
+def _is_per_sample(value: Any, n: int) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == n
+
+
+def _isolate(run: Callable[[list[int]], RewardResult], n: int, first: RewardFunctionError) -> RewardResult:
+    """After a failed batch call under on_bad=drop: a hang drops the batch; a raise is
+    retried one sample at a time and drops the samples that raise again."""
+    if isinstance(first, RewardTimeout) or n == 1:
+        return RewardResult.dropped(n)
+    parts = []
+    for i in range(n):
+        try:
+            parts.append(run([i]))
+        except (RewardCallFailed, RewardTimeout) as exc:
+            log.warning("%s: dropped", exc)
+            parts.append(RewardResult.dropped(1))
+    return RewardResult.cat(parts)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping
 
-from asr_grpo.rewards.loader import call_reward_function, load_reward_function
+from asr_grpo.rewards.loader import call_reward_function, hung_reward_calls, load_reward_function
 from asr_grpo.tracking.busy import BusyClock, busy
 
 
@@ -31,14 +31,16 @@ class RewardWorker(BusyClock):
     def score(self, batch: Mapping[str, Any]) -> dict:
         """batch: queries, prompts, labels, optional sample_ids, and any reward_func
         kwargs (responses, languages, keywords, finish_reasons, weights). Returns
-        `RewardResult.to_dict()` (plain lists)."""
+        `RewardResult.to_dict()` (plain lists) and `hung_calls`, the reward_func calls
+        that timed out and still run in this process."""
         kwargs = dict(batch)
         if self.weights is not None:
             kwargs.setdefault("weights", self.weights)
         result = call_reward_function(
             self.fn, timeout_s=self.timeout_s, source=self.reward_file or None,
             on_bad=self.on_bad, **kwargs)
-        return result.to_dict()
+        # > 0 after a timeout under the drop policy: the caller restarts this actor.
+        return {**result.to_dict(), "hung_calls": hung_reward_calls()}
 
 
 @functools.cache

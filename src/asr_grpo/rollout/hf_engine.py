@@ -12,8 +12,9 @@ from typing import Sequence
 import torch
 
 from asr_grpo.models.kv_batch import KVBatch, causal_lm_forward
+from asr_grpo.rollout.pool import SequencePool
 from asr_grpo.rollout.sampling import sample_tokens
-from asr_grpo.rollout.types import RolloutRequest, SamplingParams, SequenceState
+from asr_grpo.rollout.types import SamplingParams, SequenceState
 
 # Compact a KV batch once at most this share of its rows is still decoding.
 COMPACT_BELOW = 0.5
@@ -32,54 +33,22 @@ class _Running:
             self.rows = [self.rows[i] for i in keep]
 
 
-class HFChunkedEngine:
+class HFChunkedEngine(SequencePool):
     def __init__(self, model, eos_token_ids: Sequence[int], pad_token_id: int,
                  sampling: SamplingParams, max_batch_size: int = 64,
                  suppress_token_ids: Sequence[int] = ()):
+        super().__init__()
         self.model = model
         self.eos = set(int(t) for t in eos_token_ids)
         self.suppress = torch.as_tensor(list(suppress_token_ids), dtype=torch.long)
         self.pad_id = pad_token_id
         self.sampling = sampling
         self.max_batch_size = max_batch_size
-        self._version = 0
-        self._live: list[SequenceState] = []
-        self._finished: list[SequenceState] = []
         self._running: list[_Running] | None = None   # None: rebuild before decoding
 
-    # ---- bookkeeping ---------------------------------------------------------------
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    @policy_version.setter
-    def policy_version(self, version: int) -> None:
-        """New weights: cached keys/values are stale, so live sequences get re-prefilled."""
-        if version != self._version:
-            self._running = None
-        self._version = version
-
-    def add_requests(self, requests: list[RolloutRequest]) -> None:
-        self._live.extend(SequenceState(r) for r in requests)
+    def _invalidate(self) -> None:
+        """New weights or new sequences: the KV batches get rebuilt (re-prefilled)."""
         self._running = None
-
-    def add_sequences(self, sequences: list[SequenceState]) -> None:
-        """Resume partial sequences (carried over from an earlier step or a checkpoint)."""
-        self._live.extend(s for s in sequences if not s.done)
-        self._running = None
-
-    def live(self) -> list[SequenceState]:
-        return list(self._live)
-
-    def pop_finished(self) -> list[SequenceState]:
-        done, self._finished = self._finished, []
-        return done
-
-    def drain(self) -> list[SequenceState]:
-        """Take every sequence out of the engine, finished or not."""
-        out = self.pop_finished() + self._live
-        self._live, self._running = [], None
-        return out
 
     # ---- decoding ------------------------------------------------------------------
     @torch.no_grad()
@@ -92,17 +61,12 @@ class HFChunkedEngine:
         for run in self._running:
             self._decode_rows(run, max_tokens)
         self._running = [run for run in self._running if any(not s.done for s in run.rows)]
-        self._finished.extend(s for s in self._live if s.done)
-        self._live = [s for s in self._live if not s.done]
+        self._retire_finished()
         return touched
 
     def _rebuild(self) -> None:
         self._running = []
-        for s in self._live:   # a resumed sequence may already be at its budget
-            if len(s.tokens) >= self.sampling.max_new_tokens:
-                s.finish_reason = "length"
-        self._finished.extend(s for s in self._live if s.done)
-        self._live = [s for s in self._live if not s.done]
+        self._finish_at_budget(self.sampling.max_new_tokens)
         forward = causal_lm_forward(self.model)
         for start in range(0, len(self._live), self.max_batch_size):
             rows = self._live[start:start + self.max_batch_size]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import mlflow
+from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
 from asr_grpo.config.schema import LoggerConfig
@@ -44,6 +45,22 @@ def absolute_tracking_uri(uri: str) -> str:
     return uri
 
 
+def ensure_experiment(client, name: str, tracking_uri: str) -> str:
+    """The id of experiment `name`, created when missing. With a SQLite store its artifacts
+    go next to the database (`<db folder>/mlartifacts/`), not MLflow's default `./mlruns`
+    of whatever the working directory was: a Ray job runs in a temporary copy of the code."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if tracking_uri.startswith("sqlite:///"):
+        location = str(Path(tracking_uri[len("sqlite:///"):]).parent / "mlartifacts")
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException:   # created meanwhile by a concurrent job
+        return client.get_experiment_by_name(name).experiment_id
+
+
 class MlflowRun:
     """One MLflow run as a context manager; `log_metrics` drops non-finite values loudly."""
 
@@ -60,7 +77,9 @@ class MlflowRun:
         uri = absolute_tracking_uri(self.cfg.tracking_uri)
         _ensure_sqlite_parent(uri)
         mlflow.set_tracking_uri(uri)
-        mlflow.set_experiment(self.cfg.experiment_name)
+        mlflow.set_experiment(experiment_id=ensure_experiment(mlflow.MlflowClient(uri), self.cfg.experiment_name, uri))
+        if self.cfg.log_system_metrics:
+            mlflow.set_system_metrics_sampling_interval(self.cfg.system_metrics_interval_s)
         if self.resume_run_id:
             # A resumed training run continues the same MLflow run (params were logged then).
             self.run = mlflow.start_run(run_id=self.resume_run_id,

@@ -3,7 +3,8 @@ workers when separate). Results travel without the prompt audio."""
 from __future__ import annotations
 
 from asr_grpo.config.schema import AlgorithmConfig
-from asr_grpo.rollout import HFChunkedEngine, RolloutRequest, SamplingParams, SequenceResult, SequenceState
+from asr_grpo.distributed.faults import RestartAware
+from asr_grpo.rollout import ChunkedEngine, RolloutRequest, SamplingParams, SequenceResult, SequenceState
 from asr_grpo.tracking import busy
 
 
@@ -12,10 +13,15 @@ def sampling_params(algo: AlgorithmConfig, seed: int) -> SamplingParams:
                           max_new_tokens=algo.max_new_tokens, seed=seed)
 
 
-class RolloutHost:
-    engine: HFChunkedEngine
+class RolloutHost(RestartAware):
+    """After a restart (rollout workers are restartable) `add_requests` and `decode`
+    refuse to run until the driver has put the weights and sequences back
+    (`resume_sequences`, then `mark_restored`)."""
+
+    engine: ChunkedEngine   # HFChunkedEngine or VLLMChunkedEngine
 
     def add_requests(self, requests: list[RolloutRequest]) -> int:
+        self.refuse_if_restarted("its live sequences")
         self.engine.add_requests(requests)
         return len(self.engine.live())
 
@@ -30,7 +36,10 @@ class RolloutHost:
     def decode(self, max_tokens: int | None = None) -> list[SequenceResult]:
         """Advance every live sequence; returns the state of each sequence touched
         (finished ones included, so nothing needs `pop_finished` afterwards)."""
-        self.engine.model.eval()
+        self.refuse_if_restarted("its live sequences and weights")
+        model = getattr(self.engine, "model", None)   # the HF engine's; vLLM has none here
+        if model is not None:
+            model.eval()
         touched = [s.result() for s in self.engine.decode(max_tokens)]
         self.engine.pop_finished()
         return touched

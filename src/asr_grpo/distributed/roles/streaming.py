@@ -1,6 +1,10 @@
 """The Ray face of a streaming scorer (reference, critic, LM reward model): one call
 per decoded chunk registers new sequences, feeds the tokens so far and returns the
-per-token scores of the sequences that finished."""
+per-token scores of the sequences that finished.
+
+After a restart (Ray restarts these roles) the caches are gone: a call feeding a
+sequence registered before the crash raises `WorkerRestarted`, and the driver scores
+those sequences again in one shot."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +12,7 @@ import os
 
 import torch
 
+from asr_grpo.distributed.faults import WorkerRestarted, was_restarted
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models.streaming import StreamingScorer
 from asr_grpo.tracking import busy
@@ -41,8 +46,16 @@ class StreamScoringRole:
             for ref in register:
                 self.scorer.register(ref.uid, *self.stream_prompt(ref))
             if feed:
-                self.scorer.feed(feed)
+                try:
+                    self.scorer.feed(feed)
+                except KeyError as exc:   # never registered here: registered before a crash
+                    if was_restarted():
+                        raise WorkerRestarted(f"{type(self).__name__} restarted and lost its streaming "
+                                              f"caches ({exc})") from exc
+                    raise
             return self.stream_result(self.scorer.finish(finish))
 
     def reset_stream_caches(self) -> None:
-        self.scorer.reset_caches()
+        """A new step: the driver registers every sequence it streams again, so nothing
+        is kept (a sequence whose `finish` a restart lost would stay registered)."""
+        self.scorer.clear()

@@ -1,5 +1,7 @@
 """The update loop shared by the policy and the critic: epochs x micro-batches through a
-DeepSpeed engine, metrics averaged over micro-batches."""
+DeepSpeed engine, metrics averaged over micro-batches. A NaN or inf never reaches the
+optimizer: the experience is checked before the first micro-batch, each loss before
+its backward pass."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -9,6 +11,7 @@ import numpy as np
 import torch
 
 from asr_grpo.config.schema import TrainerConfig
+from asr_grpo.experience.types import NonFiniteError, check_finite
 
 
 def micro_batches(items: Sequence, size: int, rng: np.random.Generator) -> list[list]:
@@ -18,6 +21,7 @@ def micro_batches(items: Sequence, size: int, rng: np.random.Generator) -> list[
 
 def run_updates(engine, items: Sequence, trainer: TrainerConfig,
                 loss_fn: Callable[[object, list], tuple[torch.Tensor, dict]], seed: int = 0) -> dict[str, float]:
+    check_finite(items, "training batch")
     engine.train()
     sums: dict[str, float] = defaultdict(float)
     count = 0
@@ -26,6 +30,9 @@ def run_updates(engine, items: Sequence, trainer: TrainerConfig,
     for _ in range(trainer.train_epochs):
         for mb in micro_batches(items, trainer.micro_batch_size, rng):
             loss, metrics = loss_fn(engine, mb)
+            if not bool(torch.isfinite(loss)):
+                raise NonFiniteError(f"non-finite loss {float(loss)} on samples {[it.uid for it in mb]}: "
+                                     f"refused before backward (optimizer steps so far: {engine.global_steps})")
             engine.backward(loss)
             if engine.step() and engine.global_grad_norm is not None:
                 grad_norms.append(engine.global_grad_norm)

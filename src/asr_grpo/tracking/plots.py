@@ -1,0 +1,149 @@
+"""PNG plots of a speedup report (`asr_grpo.tracking.report.build_report`): one colour per
+configuration, one line style per seed. Drawn on `matplotlib.figure.Figure` objects, so
+no display and no global pyplot state are involved."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _colors(report: dict) -> dict[str, str]:
+    cmap = [f"C{i}" for i in range(10)]
+    return {row["label"]: cmap[i % len(cmap)] for i, row in enumerate(report["rows"])}
+
+
+def _style(report: dict, run: dict) -> dict:
+    seeds = sorted({r["seed"] for r in report["runs"]})
+    return {"color": _colors(report)[run["label"]], "linestyle": LINESTYLES[seeds.index(run["seed"]) % 4],
+            "label": f"{run['label']} seed={run['seed']}"}
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def curves(report: dict, path: Path) -> Path:
+    """Training reward and held-out CER against wall-clock time and against step."""
+    fig = Figure(figsize=(12, 8))
+    axes = fig.subplots(2, 2)
+    for run in report["runs"]:
+        s, style = run["summary"], _style(report, run)
+        axes[0, 0].plot(s["wall_clock_s"], s["reward"], marker=".", **style)
+        axes[0, 1].plot(s["step_numbers"], s["reward"], marker=".", **style)
+        steps = list(s["eval_cer"])
+        axes[1, 0].plot([s["eval_wall_s"][k] for k in steps], [s["eval_cer"][k] for k in steps], marker="o", **style)
+        axes[1, 1].plot(steps, [s["eval_cer"][k] for k in steps], marker="o", **style)
+    for (i, j), (y, x) in {(0, 0): ("training reward (reward/total)", "wall-clock (s)"),
+                           (0, 1): ("training reward (reward/total)", "step"),
+                           (1, 0): ("held-out CER (eval/cer)", "wall-clock (s)"),
+                           (1, 1): ("held-out CER (eval/cer)", "step")}.items():
+        axes[i, j].set(xlabel=x, ylabel=y)
+        axes[i, j].grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(f"Reward and CER per run: {report['selection']}")
+    return _save(fig, path)
+
+
+def step_latency(report: dict, path: Path) -> Path:
+    """The distribution of step times per configuration (seeds pooled)."""
+    rows = report["rows"]
+    fig = Figure(figsize=(10, 1.2 + 0.6 * len(rows)))
+    ax = fig.subplots()
+    data = [[t for r in report["runs"] if r["label"] == row["label"] for t in r["summary"]["step_s"]] for row in rows]
+    box = ax.boxplot(data, orientation="horizontal", patch_artist=True, tick_labels=[row["label"] for row in rows])
+    for patch, row in zip(box["boxes"], rows):
+        patch.set_facecolor(_colors(report)[row["label"]])
+        patch.set_alpha(0.5)
+    ax.set(xlabel="step time, perf/time/step (s)", title="Step latency per configuration (all steps, all seeds)")
+    ax.invert_yaxis()
+    ax.grid(alpha=0.3, axis="x")
+    return _save(fig, path)
+
+
+def _grouped_bars(ax, report: dict, categories: list[str], value) -> None:
+    """One bar group per category, one bar per configuration: value(row, category) -> (mean, sd)."""
+    rows, colors = report["rows"], _colors(report)
+    width = 0.8 / max(1, len(rows))
+    for i, row in enumerate(rows):
+        means, sds = zip(*(value(row, c) for c in categories)) if categories else ((), ())
+        ax.bar([k + i * width for k in range(len(categories))], means, width, yerr=sds, capsize=3,
+               color=colors[row["label"]], label=row["label"])
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(categories))], categories)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+
+
+def _mean_sd(agg: dict | None) -> tuple[float, float]:
+    if not agg or agg["n_finite"] == 0:
+        return 0.0, 0.0
+    sd = agg["sd"]
+    return agg["mean"], sd if sd == sd else 0.0
+
+
+def utilization(report: dict, path: Path) -> Path:
+    """Busy / wall time of each role per configuration (error bars: sd over seeds)."""
+    fig = Figure(figsize=(10, 5))
+    ax = fig.subplots()
+    _grouped_bars(ax, report, report["roles"], lambda row, role: _mean_sd(row["metrics"].get(f"util_{role}")))
+    ax.set(ylabel="utilization (perf/util/<role>)", ylim=(0, 1.05), title="Utilization per role")
+    return _save(fig, path)
+
+
+def overlap_controllers(report: dict, path: Path) -> Path:
+    """The Δ (overcommitted prompt groups) and chunk-size trajectories of the overlapped runs."""
+    fig = Figure(figsize=(10, 6))
+    ax_delta, ax_chunk = fig.subplots(2, 1, sharex=True)
+    drawn = 0
+    for run in report["runs"]:
+        s = run["summary"]
+        if run["params"].get("overlap.mode") == "none" or not s["delta"]:
+            continue
+        style = _style(report, run)
+        ax_delta.plot(s["step_numbers"], s["delta"], marker=".", **style)
+        ax_chunk.plot(s["step_numbers"], s["chunk"], marker=".", **style)
+        drawn += 1
+    ax_delta.set(ylabel="Δ (overlap/delta)", title="OPPO controllers")
+    ax_chunk.set(ylabel="chunk (overlap/chunk)", xlabel="step")
+    for ax in (ax_delta, ax_chunk):
+        ax.grid(alpha=0.3)
+    if drawn:
+        ax_delta.legend(fontsize=7)
+    else:
+        ax_delta.text(0.5, 0.5, "no overlapped runs (all overlap=none)", ha="center", transform=ax_delta.transAxes)
+    return _save(fig, path)
+
+
+def staleness(report: dict, path: Path) -> Path:
+    """Share of trained sequences by staleness (policy versions between a sequence's first
+    token and its update), all steps and seeds of a configuration pooled."""
+    pooled: dict[str, dict[int, float]] = {}
+    for run in report["runs"]:
+        counts = pooled.setdefault(run["label"], {})
+        for k, v in run["summary"]["staleness_counts"].items():
+            counts[int(k)] = counts.get(int(k), 0.0) + v
+    top = max((k for c in pooled.values() for k in c), default=0)
+
+    def share(row, k):
+        counts = pooled.get(row["label"], {})
+        total = sum(counts.values())
+        return (counts.get(int(k), 0.0) / total if total else 0.0), 0.0
+
+    fig = Figure(figsize=(10, 5))
+    ax = fig.subplots()
+    _grouped_bars(ax, report, [str(k) for k in range(top + 1)], share)
+    ax.set(xlabel="staleness (policy versions)", ylabel="share of trained sequences", ylim=(0, 1.05),
+           title="Staleness histogram (overlap/staleness_count)")
+    return _save(fig, path)
+
+
+PLOTS = {"curves.png": curves, "step_latency.png": step_latency, "utilization.png": utilization,
+         "overlap_controllers.png": overlap_controllers, "staleness.png": staleness}
+
+
+def write_plots(report: dict, out_dir: Path) -> list[Path]:
+    return [draw(report, Path(out_dir) / name) for name, draw in PLOTS.items()]
