@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -129,5 +130,6 @@ def cluster_sweep(root):
     output = job.stdout + job.stderr
     found = re.search(r"python -m asr_grpo\.compare sweep=(\S+)", output)
     assert job.returncode == 0 and found, f"sweep job failed (rc {job.returncode}):\n{output[-8000:]}"
+    shutil.rmtree(temp, ignore_errors=True)   # kept when something failed: its node logs
     return {"root": root, "tracking_uri": f"sqlite:///{root}/mlflow.db", "sweep": found.group(1),
             "output": output, "nodes": cluster_nodes, "listening": listening, "job_seconds": seconds}
