@@ -6,20 +6,24 @@ streaming scorers, carried sequences, driver-side buffers).
     python bench/soak_memory.py --fast          # debug=fast in a temporary folder (minutes)
     python bench/soak_memory.py --steps 80 --delta-max 8
 
-Per step it records the resident memory (RSS) of the driver and of every actor process,
-and what the processes hold: sequences live in the rollout engine and its KV batches,
+Per step, in the driver and in every actor process, after a garbage collection and
+`malloc_trim` (so memory the allocator merely keeps cached does not count): the resident
+memory (RSS), the Python objects alive and the tensors alive (count and bytes); and
+what the processes hold: sequences live in the rollout engine and its KV batches,
 sequences registered in and KV cohorts held by each streaming scorer, groups and
-partial sequences in the scheduler's buffer. Memory slope = least-squares MB per step
-over the steps after warm-up (the first quarter). Writes `<out>/soak_memory.{json,md}`.
+partial sequences in the scheduler's buffer. Slope = least-squares change per step over
+the steps after warm-up (the first quarter). Writes `<out>/soak_memory.{json,md}`.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
-import os
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -45,18 +49,32 @@ def held_by_scorer(actor) -> dict:
             "kv_cohorts": len({id(c) for c in scorer._cohort_of.values()})}
 
 
-def rss_mb(pid: int) -> float:
-    return psutil.Process(pid).memory_info().rss / 2**20
+def settle(_actor=None) -> dict:
+    """In a process: collect garbage, hand cached heap back to the OS, count what is alive."""
+    import torch
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:   # not glibc: RSS then includes the allocator's cache
+        pass
+    with warnings.catch_warnings():   # isinstance() on every object touches deprecated torch aliases
+        warnings.simplefilter("ignore")
+        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    return {"rss_mb": psutil.Process().memory_info().rss / 2**20, "objects": len(gc.get_objects()),
+            "tensors": len(tensors),
+            "tensor_mb": sum(t.numel() * t.element_size() for t in tensors if not t.is_meta) / 2**20}
 
 
 def sample(recipe) -> dict:
     """Memory and holdings of every process of the run, now."""
     import ray
 
-    out = {"rss_mb": {"driver": rss_mb(os.getpid())}, "held": {}}
+    out = {"alive": {"driver": settle()}, "held": {}}
     for g in recipe.groups:
-        for rank, pid in enumerate(g.pids()):
-            out["rss_mb"][f"{g.role}.{rank}"] = rss_mb(pid)
+        for rank, h in enumerate(g.handles):
+            out["alive"][f"{g.role}.{rank}"] = ray.get(h.__ray_call__.remote(settle))
+    out["rss_mb"] = {name: a["rss_mb"] for name, a in out["alive"].items()}
     hosts = recipe.scheduler.hosts
     for rank, h in enumerate(hosts.handles):
         out["held"][f"{hosts.role}.{rank}"] = ray.get(h.__ray_call__.remote(held_by_host))
@@ -110,6 +128,11 @@ def summarize(run: dict, overrides: list[str]) -> dict:
     processes = list(samples[0]["rss_mb"])
     per_process = {p: {"start_mb": samples[0]["rss_mb"][p], "end_mb": samples[-1]["rss_mb"][p],
                        "slope_mb_per_step": slope([s["rss_mb"][p] for s in steady])} for p in processes}
+    for p, row in per_process.items():
+        if p in samples[0]["alive"]:
+            for k in ("objects", "tensors", "tensor_mb"):
+                row[f"{k}_end"] = samples[-1]["alive"][p][k]
+                row[f"{k}_slope"] = slope([s["alive"][p][k] for s in steady])
     held_max = {}
     for s in samples:
         for who, counts in s["held"].items():
@@ -130,9 +153,13 @@ def markdown(result: dict) -> str:
              f"Median step {result['median_step_s']:.2f} s. Memory slope over the steps after warm-up "
              f"(the first {result['warmup_steps']}): **{result['total_slope_mb_per_step']:+.2f} MB/step** "
              f"for all processes together.", "",
-             "| process | RSS after step 1 (MB) | RSS at the end (MB) | slope (MB/step) |", "|---|---|---|---|"]
+             "| process | RSS after step 1 (MB) | RSS at the end (MB) | RSS slope (MB/step) | tensors alive "
+             "(end) | tensor MB (end) | tensor MB slope | Python objects (end) | objects slope |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, p in result["per_process"].items():
-        lines.append(f"| {name} | {p['start_mb']:.0f} | {p['end_mb']:.0f} | {p['slope_mb_per_step']:+.3f} |")
+        alive = (f"{p['tensors_end']} | {p['tensor_mb_end']:.1f} | {p['tensor_mb_slope']:+.4f} | {p['objects_end']} | "
+                 f"{p['objects_slope']:+.1f}" if "tensors_end" in p else " | | | | ")
+        lines.append(f"| {name} | {p['start_mb']:.0f} | {p['end_mb']:.0f} | {p['slope_mb_per_step']:+.3f} | {alive} |")
     lines += ["", "What the processes hold (largest over the run / at the end):", "",
               "| who | held | max | end |", "|---|---|---|---|"]
     for who, counts in result["held_max"].items():

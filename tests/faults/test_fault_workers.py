@@ -105,8 +105,6 @@ def test_rollout_and_reward_workers_killed_mid_step_are_restarted(recipe, fault_
     torch.testing.assert_close(engine, trainer, rtol=0, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=False, reason="known bug (issue 6, open): after a scorer restart Ray can replay an "
-                   "older stream task, which then sees a sequence 'shrink'; failed in a CI dry run, passed on rerun")
 def test_streaming_scorers_killed_mid_step_rescore_what_they_lost(recipe):
     ref_pid, lm_pid = recipe.ref.pids()[0], recipe.reward_model.pids()[0]
     rescored = recipe.maker.rescored

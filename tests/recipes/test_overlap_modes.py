@@ -119,8 +119,6 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
         recipe.cleanup()
 
 
-@pytest.mark.xfail(strict=False, reason="known gap (issue 6, open): weights, metrics and driver state match, but "
-                   "the torch RNG stream saved in the DeepSpeed client state differs after a resume")
 def test_oppo_resume_with_carried_buffer_equals_uninterrupted(root):
     common = [*SINGLE_SAMPLE, "overlap=oppo", "overlap.delta_init=2", "overlap.chunk_size=2",
               "overlap.chunk_candidates=[2,3]", "overlap.chunk_trial_period=2", "algorithm.max_new_tokens=20",

@@ -59,6 +59,11 @@ class ModelConfig:
     encoder_heads: int = 4
     encoder_ffn_dim: int = 768
     encoder_downsample_hidden: int = 32
+    # Seconds of audio each encoder attention window spans (Qwen3-ASR's n_window_infer,
+    # in 10 ms mel frames; a multiple of its 1 s conv chunk). The encoder's positional
+    # embedding restarts every chunk, so inside a wider window a from-scratch encoder
+    # cannot tell the chunks apart.
+    encoder_attention_window_s: int = 8
     text_layers: int = 4
     text_hidden: int = 256
     text_heads: int = 4

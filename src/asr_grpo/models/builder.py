@@ -51,6 +51,7 @@ def tiny_config(cfg: ModelConfig, tokenizer) -> Qwen3ASRConfig:
             "encoder_ffn_dim": cfg.encoder_ffn_dim,
             "downsample_hidden_size": cfg.encoder_downsample_hidden,
             "output_dim": cfg.text_hidden,
+            "n_window_infer": 100 * cfg.encoder_attention_window_s,
         },
         text_config={
             "model_type": "qwen3",

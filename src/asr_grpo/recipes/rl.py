@@ -6,6 +6,7 @@ weight sync to separate rollout workers -> metrics to MLflow.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -65,6 +66,7 @@ class RLRecipe:
         self.cfg, self.run_name = cfg, run_name
         self.tags = dict(tags or {})   # extra MLflow tags (a sweep job's sweep and parent run)
         self.step = 0
+        self.weights_version = 0   # the policy version the rollout engines hold
 
     # ---- setup ---------------------------------------------------------------------------
     def setup(self) -> None:
@@ -149,7 +151,7 @@ class RLRecipe:
         it decoded with; the scheduler then gives it its sequences back."""
         self.rollout_group.wait_ready()
         self._join_weight_sync()
-        self.sync_weights(getattr(self, "weights_version", 0))
+        self.sync_weights(self.weights_version)
 
     def fault_metrics(self) -> dict[str, float]:
         """faults/*: restarts seen per restartable role (its process changed), rollout
@@ -163,15 +165,23 @@ class RLRecipe:
                 "faults/rollout_restores": float(self.scheduler.host_restarts),
                 "data/skipped": float(len(self.train_set.skipped) + len(self.dev_set.skipped))}
 
-    def _trainer_died(self, exc: BaseException, step: int) -> TrainerDied:
-        role, rank = "?", -1
-        for g in self.groups:
-            found = g.rank_of(getattr(exc, "actor_id", None) or "")
-            if found is not None:
-                role, rank = g.role, found
-        latest = ckpt.latest_checkpoint(self.cfg.trainer.output_dir)
-        return TrainerDied(trainer_died_message(role, rank, step, exc, str(latest) if latest else None,
-                                                ckpt.read_driver_state(latest)["step"] if latest else None))
+    @contextlib.contextmanager
+    def _trainer_deaths_end_the_run(self, step: int):
+        """An actor death that gets here (what Ray restarts is recovered below) is a
+        trainer's: raise `TrainerDied` naming it and the checkpoint to resume from."""
+        try:
+            yield
+        except Exception as exc:
+            if not is_actor_death(exc):
+                raise
+            role, rank = "?", -1
+            for g in self.groups:
+                found = g.rank_of(getattr(exc, "actor_id", None) or "")
+                if found is not None:
+                    role, rank = g.role, found
+            latest = ckpt.latest_checkpoint(self.cfg.trainer.output_dir)
+            raise TrainerDied(trainer_died_message(role, rank, step, exc, str(latest) if latest else None,
+                                                   ckpt.read_driver_state(latest)["step"] if latest else None)) from exc
 
     # ---- one step ---------------------------------------------------------------------
     def _group(self, index: int, step: int, item: dict | None = None):
@@ -294,20 +304,16 @@ class RLRecipe:
                        initial=start, total=cfg.trainer.steps)
             last_eval: dict[str, float] = {}
             for step in bar:
-                try:
+                with self._trainer_deaths_end_the_run(step):
                     metrics = self.train_step(step)
-                except Exception as exc:
-                    if is_actor_death(exc):   # what Ray restarts never gets here: a trainer died
-                        raise self._trainer_died(exc, step) from exc
-                    raise
-                done = step + 1
-                if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or done == cfg.trainer.steps):
-                    last_eval = self.evaluate()
-                    metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
-                metrics["perf/wall_clock"] = time.monotonic() - t_start
-                tracker.log_metrics(metrics, step=done)
-                if cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or done == cfg.trainer.steps):
-                    self.save(done, tracker.run_id)
+                    done = step + 1
+                    if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or done == cfg.trainer.steps):
+                        last_eval = self.evaluate()
+                        metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
+                    metrics["perf/wall_clock"] = time.monotonic() - t_start
+                    tracker.log_metrics(metrics, step=done)
+                    if cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or done == cfg.trainer.steps):
+                        self.save(done, tracker.run_id)
                 bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}",
                                 cer=f"{last_eval.get('cer', float('nan')):.3f}",
                                 step_s=f"{metrics['perf/time/step']:.1f}")

@@ -93,10 +93,11 @@ class SFTRecipe:
         self._audio_cache: dict[int, dict] = {}
         log.info("model parameters: %s", self.counts)
 
-    def _item(self, i: int) -> dict:
-        # Audio is decoded once and kept: the corpus is small and epochs repeat it.
+    def _item(self, i: int) -> dict | None:
+        # Audio is decoded once and kept: the corpus is small and epochs repeat it. None:
+        # its audio failed to load under data.on_bad_audio=skip (counted in data/skipped).
         if i not in self._audio_cache:
-            self._audio_cache[i] = self.train_set[i]
+            self._audio_cache[i] = self.train_set.load(i)
         return self._audio_cache[i]
 
     # ---- one step ------------------------------------------------------------------------
@@ -132,7 +133,10 @@ class SFTRecipe:
         while step < cfg.max_steps and time.monotonic() < deadline:
             for idx in length_grouped_batches(durations, cfg.batch_size, cfg.max_batch_seconds, rng,
                                               shortest_first=epoch == 0 and cfg.shortest_first_epoch):
-                loss, metrics = self._loss([self._item(i) for i in idx])
+                items = [it for it in map(self._item, idx) if it is not None]
+                if not items:
+                    continue
+                loss, metrics = self._loss(items)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
@@ -140,6 +144,7 @@ class SFTRecipe:
                 self.scheduler.step()
                 step += 1
                 metrics.update({"charts/lr": self.scheduler.get_last_lr()[0], "charts/epoch": epoch,
+                                "data/skipped": float(len(self.train_set.skipped) + len(self.dev_set.skipped)),
                                 "charts/grad_norm": float(grad_norm),
                                 "perf/steps_per_s": step / (time.monotonic() - start)})
                 tracker.log_metrics(metrics, step=step)

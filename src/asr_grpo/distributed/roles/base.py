@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import random
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -21,6 +23,33 @@ def as_config(cfg: Any) -> RunConfig | DictConfig:
     return OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
 
 
+def seed_rngs(seed: int) -> None:
+    """Seed the process-wide torch, numpy and Python RNGs (a role's are then the same in
+    every run with the same seed, and a resume puts them back from the checkpoint)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def rng_state() -> dict:
+    """The RNG streams as tensors and plain values only, so the checkpoint loads weights-only."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+            "python": [version, torch.tensor(internal, dtype=torch.int64), gauss_next]}
+
+
+def set_rng_state(state: dict | None) -> None:
+    if not state:
+        return
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(int(x) for x in internal.tolist()), gauss_next))
+
+
 def join_process_group() -> int:
     """Join the role's data-parallel group from the env vars its RoleGroup set; returns the rank."""
     from asr_grpo.distributed.deepspeed_strategy import init_distributed
@@ -36,6 +65,7 @@ class ModelRole(BusyClock):
 
     def __init__(self, cfg: Any):
         self.cfg = as_config(cfg)
+        seed_rngs(self.cfg.seed + int(os.environ.get("RANK", 0)))
         torch.set_num_threads(max(1, self.cfg.trainer.num_threads))
         # Keep tokenizers from spawning their own pool inside a 1-thread actor.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
-from asr_grpo.distributed.roles.base import ModelRole, join_process_group
+from asr_grpo.distributed.roles.base import ModelRole, join_process_group, rng_state, set_rng_state
 from asr_grpo.distributed.roles.streaming import StreamScoringRole
 from asr_grpo.distributed.roles.training import run_updates
 from asr_grpo.experience.losses import critic_loss, pack_items
@@ -57,7 +57,7 @@ class CriticRole(ModelRole, StreamScoringRole):
                            lambda model, mb: critic_loss(model, mb, cfg.algorithm, self.pad_id))
 
     def save(self, directory: str, tag: str) -> None:
-        self.train_engine.save_checkpoint(directory, tag)
+        self.train_engine.save_checkpoint(directory, tag, client_state={"rng": rng_state()})
 
     def load(self, directory: str, tag: str) -> None:
-        self.train_engine.load_checkpoint(directory, tag)
+        set_rng_state(self.train_engine.load_checkpoint(directory, tag).get("rng"))

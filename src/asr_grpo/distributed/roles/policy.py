@@ -2,14 +2,13 @@
 when colocated, the rollout itself with the actor's own forward."""
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import numpy as np
 import torch
 
 from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
-from asr_grpo.distributed.roles.base import ModelRole, join_process_group
+from asr_grpo.distributed.roles.base import ModelRole, join_process_group, rng_state, set_rng_state
 from asr_grpo.distributed.roles.rollout_host import RolloutHost, sampling_params
 from asr_grpo.distributed.roles.training import run_updates
 from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_model
@@ -62,7 +61,7 @@ class PolicyRole(ModelRole, RolloutHost):
     # ---- checkpoints ----------------------------------------------------------------
     def save(self, directory: str, tag: str, client_state: dict, hf_dir: str | None) -> None:
         """Collective: DeepSpeed state on every rank; rank 0 also writes the HF folder."""
-        state = dict(client_state, rng=_rng_state())
+        state = dict(client_state, rng=rng_state())
         self.train_engine.save_checkpoint(directory, tag, client_state=state)
         with self.train_engine.gathered() as module:
             if self.rank == 0 and hf_dir:
@@ -70,7 +69,7 @@ class PolicyRole(ModelRole, RolloutHost):
 
     def load(self, directory: str, tag: str) -> dict:
         state = self.train_engine.load_checkpoint(directory, tag)
-        _set_rng_state(state.pop("rng", None))
+        set_rng_state(state.pop("rng", None))
         return state
 
     # ---- weight sync to separate rollout workers -------------------------------------
@@ -83,22 +82,3 @@ class PolicyRole(ModelRole, RolloutHost):
         """Collective over the trainer ranks (ZeRO-3 gathers each parameter); rank 0 sends."""
         broadcast_model(self.train_engine.module, self.train_engine.zero_stage,
                         self.sync if self.rank == 0 else None)
-
-
-def _rng_state() -> dict:
-    """The RNG streams as tensors and plain values only, so the checkpoint loads weights-only."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
-    return {"torch": torch.get_rng_state(),
-            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
-            "python": [version, torch.tensor(internal, dtype=torch.int64), gauss_next]}
-
-
-def _set_rng_state(state: dict | None) -> None:
-    if not state:
-        return
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(int(x) for x in internal.tolist()), gauss_next))

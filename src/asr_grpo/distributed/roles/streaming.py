@@ -2,9 +2,10 @@
 per decoded chunk registers new sequences, feeds the tokens so far and returns the
 per-token scores of the sequences that finished.
 
-After a restart (Ray restarts these roles) the caches are gone: a call feeding a
-sequence registered before the crash raises `WorkerRestarted`, and the driver scores
-those sequences again in one shot."""
+After a restart (Ray restarts these roles) the caches are gone, and Ray may run the
+calls it retries in another order than they were sent: until the driver's next step
+starts (`reset_stream_caches`) every `stream` call raises `WorkerRestarted`, and the
+driver scores the sequences of those calls again in one shot."""
 from __future__ import annotations
 
 import contextlib
@@ -12,13 +13,13 @@ import os
 
 import torch
 
-from asr_grpo.distributed.faults import WorkerRestarted, was_restarted
+from asr_grpo.distributed.faults import RestartAware
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models.streaming import StreamingScorer
 from asr_grpo.tracking import busy
 
 
-class StreamScoringRole:
+class StreamScoringRole(RestartAware):
     scorer: StreamingScorer
 
     def yield_cpu_to_actor(self, niceness: int) -> None:
@@ -42,20 +43,16 @@ class StreamScoringRole:
     @busy
     def stream(self, register: list[SequenceRef], feed: dict[str, list[int]],
                finish: list[str]) -> dict[str, torch.Tensor]:
+        self.refuse_if_restarted("its streaming caches")
         with self.scoring_weights():
             for ref in register:
                 self.scorer.register(ref.uid, *self.stream_prompt(ref))
             if feed:
-                try:
-                    self.scorer.feed(feed)
-                except KeyError as exc:   # never registered here: registered before a crash
-                    if was_restarted():
-                        raise WorkerRestarted(f"{type(self).__name__} restarted and lost its streaming "
-                                              f"caches ({exc})") from exc
-                    raise
+                self.scorer.feed(feed)
             return self.stream_result(self.scorer.finish(finish))
 
     def reset_stream_caches(self) -> None:
         """A new step: the driver registers every sequence it streams again, so nothing
         is kept (a sequence whose `finish` a restart lost would stay registered)."""
         self.scorer.clear()
+        self.mark_restored()
