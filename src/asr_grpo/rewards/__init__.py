@@ -5,14 +5,33 @@ Knows nothing of models. `text` is also the project's evaluation metric code.
 """
 from asr_grpo.rewards.combine import RewardResult, combine, score_samples
 from asr_grpo.rewards.components import (
-    COMPONENTS, DEFAULT_WEIGHTS, RewardSample, cer_score, keyword_recall,
-    language_consistency, smoothness)
+    COMPONENTS,
+    DEFAULT_WEIGHTS,
+    RewardSample,
+    cer_score,
+    keyword_recall,
+    language_consistency,
+    smoothness,
+)
 from asr_grpo.rewards.loader import (
-    BUILTIN_REWARD_FILE, RewardCallFailed, RewardFunctionError, RewardTimeout, call_reward_function,
-    load_reward_function, sanitize)
+    BUILTIN_REWARD_FILE,
+    RewardCallFailed,
+    RewardFunctionError,
+    RewardTimeout,
+    call_reward_function,
+    load_reward_function,
+    sanitize,
+)
 from asr_grpo.rewards.text import (
-    LANGUAGE_CODES, LANGUAGE_NAMES, char_error_rate, error_rates_by_language,
-    normalize_text, split_asr_output, utterance_cer, word_error_rate)
+    LANGUAGE_CODES,
+    LANGUAGE_NAMES,
+    char_error_rate,
+    error_rates_by_language,
+    normalize_text,
+    split_asr_output,
+    utterance_cer,
+    word_error_rate,
+)
 from asr_grpo.rewards.worker import RewardWorker, remote_reward_worker
 
 __all__ = [

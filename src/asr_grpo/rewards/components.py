@@ -31,9 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from asr_grpo.rewards.text import (
-    CJK_RE, LANGUAGE_NAMES, LATIN_RE, check_language, normalize_text, utterance_cer,
-    words)
+from asr_grpo.rewards.text import CJK_RE, LANGUAGE_NAMES, LATIN_RE, check_language, normalize_text, utterance_cer, words
 
 TAG_MISMATCH_FACTOR = 0.5
 REPEAT_NGRAM = 3
