@@ -90,6 +90,10 @@ class SFTConfig:
     # CTC head is not saved). Off by default: at 0.3 its loss stayed on the blank
     # plateau for 650 steps and dev CER lagged the plain run (0.80 vs 0.69 at ~600).
     ctc_weight: float = 0.0
+    # Fraction of the teacher-forced transcript tokens replaced in the decoder's input by
+    # other tokens of the batch (labels unchanged): with its own history unreliable, the
+    # decoder has to take more of each token from the audio than from its language model.
+    input_token_dropout: float = 0.0
     shortest_first_epoch: bool = True   # SortaGrad: the first epoch in increasing length
     eval_every_steps: int = 0
     eval_max_utterances: int = 100

@@ -20,6 +20,7 @@ from asr_grpo.data import AsrDataset, resolve_manifests
 from asr_grpo.evaluation import evaluate_dataset
 from asr_grpo.models import (
     IGNORE_INDEX,
+    audio_encoder,
     build_model,
     build_processor,
     encode_supervised,
@@ -64,6 +65,28 @@ class CTCHead(torch.nn.Module):
                           blank=self.blank_id, reduction="mean", zero_infinity=True)
 
 
+def corrupt_transcript_inputs(input_ids: torch.Tensor, labels: torch.Tensor, rate: float,
+                              generator: torch.Generator) -> torch.Tensor:
+    """`input_ids` with a `rate` fraction of the transcript positions (those with a label)
+    holding another transcript token of the batch instead; prompt and audio untouched."""
+    is_text = labels != IGNORE_INDEX
+    if rate <= 0 or not bool(is_text.any()):
+        return input_ids
+    pool = input_ids[is_text]
+    hit = is_text & (torch.rand(input_ids.shape, generator=generator) < rate)
+    out = input_ids.clone()
+    out[hit] = pool[torch.randint(len(pool), (int(hit.sum()),), generator=generator)]
+    return out
+
+
+def set_frontend_memory_format(model, memory_format: torch.memory_format) -> None:
+    """Channels-last weights make the encoder's conv stack about 30% faster to train on
+    CPU (oneDNN); safetensors saves only contiguous tensors, so saving turns them back."""
+    enc = audio_encoder(model)
+    for conv in (enc.conv2d1, enc.conv2d2, enc.conv2d3):
+        conv.to(memory_format=memory_format)
+
+
 class SFTRecipe:
     def __init__(self, cfg: RunConfig | DictConfig):
         self.cfg = cfg
@@ -82,6 +105,7 @@ class SFTRecipe:
         self.processor = build_processor(self.tokenizer)
         self.model = build_model(cfg.model, self.tokenizer, seed=cfg.sft.seed)
         self.model.train()
+        set_frontend_memory_format(self.model, torch.channels_last)
         self.counts = parameter_counts(self.model)
         self.eos_id = self.tokenizer.eos_token_id
         self.ctc = (CTCHead(cfg.model.text_hidden, len(self.tokenizer)) if cfg.sft.ctc_weight > 0 else None)
@@ -91,6 +115,7 @@ class SFTRecipe:
             self.optimizer, num_warmup_steps=cfg.sft.warmup_steps, num_training_steps=cfg.sft.max_steps,
             min_lr_rate=cfg.sft.min_lr_ratio)
         self._audio_cache: dict[int, dict] = {}
+        self.token_rng = torch.Generator().manual_seed(cfg.sft.seed)
         log.info("model parameters: %s", self.counts)
 
     def _item(self, i: int) -> dict | None:
@@ -105,7 +130,8 @@ class SFTRecipe:
         batch = encode_supervised(self.processor, [it["audio"] for it in items],
                                   [it["language"] for it in items], [it["text"] for it in items])
         model = self.model
-        embeds = model.get_input_embeddings()(batch["input_ids"])
+        embeds = model.get_input_embeddings()(corrupt_transcript_inputs(
+            batch["input_ids"], batch["labels"], self.cfg.sft.input_token_dropout, self.token_rng))
         frames = model.get_audio_features(batch["input_features"], batch["input_features_mask"],
                                           return_dict=True).pooler_output
         audio_mask = batch["input_ids"] == model.config.audio_token_id
@@ -171,6 +197,7 @@ class SFTRecipe:
     def save(self, dev_metrics: dict[str, float]) -> Path:
         meta = {"stage": "sft", "steps": self.steps_done, "train_seconds": round(self.train_seconds, 1),
                 "dev": dev_metrics, **self.counts.as_dict()}
+        set_frontend_memory_format(self.model, torch.contiguous_format)
         path = save_hf_checkpoint(self.model, self.processor, self.cfg.sft.output_dir, meta)
         (path / "dev_transcripts.jsonl").write_text(
             "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.last_eval_rows))

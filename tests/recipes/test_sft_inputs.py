@@ -1,0 +1,52 @@
+"""SFT input corruption (`sft.input_token_dropout`) and the conv stack's memory format:
+what they change and what they must leave alone."""
+from __future__ import annotations
+
+import torch
+
+from asr_grpo.models import IGNORE_INDEX
+from asr_grpo.recipes.sft import corrupt_transcript_inputs, set_frontend_memory_format
+
+
+def _batch(rows: int = 64, prompt: int = 6, text: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    prompt_ids = torch.full((rows, prompt), 900)                     # audio placeholders and tags
+    text_ids = torch.randint(10, 300, (rows, text), generator=g)
+    ids = torch.cat([prompt_ids, text_ids], dim=1)
+    labels = torch.cat([torch.full((rows, prompt), IGNORE_INDEX), text_ids], dim=1)
+    return ids, labels
+
+
+def test_corruption_touches_only_transcript_positions_at_the_rate_with_batch_tokens():
+    ids, labels = _batch()
+    out = corrupt_transcript_inputs(ids, labels, 0.25, torch.Generator().manual_seed(0))
+    changed = out != ids
+    assert not changed[labels == IGNORE_INDEX].any()                  # prompt and audio stay
+    rate = changed[labels != IGNORE_INDEX].float().mean().item()
+    # A replacement can draw the same token again (p = 1/290 here), so the rate is just under 0.25.
+    assert 0.21 < rate < 0.27, rate
+    assert set(out[changed].tolist()) <= set(ids[labels != IGNORE_INDEX].tolist())
+    assert torch.equal(labels, _batch()[1])                           # the targets are not corrupted
+
+
+def test_no_corruption_at_rate_zero_and_same_corruption_for_the_same_seed():
+    ids, labels = _batch()
+    assert corrupt_transcript_inputs(ids, labels, 0.0, torch.Generator().manual_seed(0)) is ids
+    a = corrupt_transcript_inputs(ids, labels, 0.3, torch.Generator().manual_seed(7))
+    b = corrupt_transcript_inputs(ids, labels, 0.3, torch.Generator().manual_seed(7))
+    assert torch.equal(a, b) and not torch.equal(a, ids)
+
+
+def test_channels_last_frontend_gives_the_same_encoder_output_and_saves_contiguous(tiny_model):
+    model = tiny_model
+    enc = model.model.audio_tower
+    x = torch.randn(2, 128, 200)
+    mask = torch.ones(2, 200, dtype=torch.long)
+    with torch.no_grad():
+        before = enc(x, mask).last_hidden_state
+        set_frontend_memory_format(model, torch.channels_last)
+        assert enc.conv2d2.weight.is_contiguous(memory_format=torch.channels_last)
+        after = enc(x, mask).last_hidden_state
+        set_frontend_memory_format(model, torch.contiguous_format)
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-5)
+    assert all(p.is_contiguous() for p in model.parameters())
