@@ -118,3 +118,23 @@ def test_fresh_encoder_frames_carry_thenoise_audio(processor, tokenizer):
                                          input_features_mask=feats["attention_mask"]).last_hidden_state
     unit = torch.nn.functional.normalize(frames, dim=-1)
     assert float((unit @ unit.T).mean()) < 0.9
+
+
+def test_encoder_attention_window_limits_what_a_frame_attends_to(tokenizer):
+    """`model.encoder_attention_window_s` is Qwen3-ASR's n_window_infer: with 1 s windows,
+    the frames of the first second do not change when the audio after it changes."""
+    import dataclasses
+
+    x = torch.randn(1, 128, 300)
+    later = x.clone()
+    later[:, :, 100:] = torch.randn(1, 128, 200)
+    mask = torch.ones(1, 300, dtype=torch.long)
+    first_second = {}
+    for window in (1, 8):
+        model = build_model(dataclasses.replace(TINY_MODEL, encoder_attention_window_s=window), tokenizer, seed=0)
+        assert model.config.audio_config.n_window_infer == 100 * window
+        enc = model.model.audio_tower.eval()
+        with torch.no_grad():
+            a, b = (enc(f, mask).last_hidden_state[:13] for f in (x, later))   # 13 frames per 1 s chunk
+        first_second[window] = torch.equal(a, b)
+    assert first_second == {1: True, 8: False}
