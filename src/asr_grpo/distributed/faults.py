@@ -17,6 +17,7 @@ last checkpoint that `trainer.resume=true` continues from.
 from __future__ import annotations
 
 import functools
+import warnings
 
 RESTARTABLE_ROLES = frozenset({"ref", "reward_model", "reward", "rollout"})
 
@@ -45,7 +46,9 @@ def was_restarted() -> bool:
     ctx = ray.get_runtime_context()
     if not ray.is_initialized() or ctx.get_actor_id() is None:
         return False
-    return bool(ctx.was_current_actor_reconstructed)
+    with warnings.catch_warnings():   # Ray's own property reads its deprecated `actor_id`
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ctx.was_current_actor_reconstructed)
 
 
 class RestartAware:
