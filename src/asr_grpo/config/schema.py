@@ -215,7 +215,7 @@ class TrainerConfig:
     micro_batch_size: int = 16
     rollout_batch_size: int = 64      # sequences decoded together by one engine
     grad_accum_steps: int = 1
-    lr: float = 2e-5
+    lr: float = 5e-5
     critic_lr: float = 1e-4
     lr_warmup_steps: int = 5
     lr_scheduler: str = "constant_with_warmup"
