@@ -206,7 +206,9 @@ class TrainingEngine:
         return self.train(False)
 
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
-        return self.engine.backward(loss)
+        # Losses are computed on the CPU (outputs come back there); hand DeepSpeed one on
+        # the engine's device, as its own bookkeeping expects (a no-op on CPU).
+        return self.engine.backward(loss.to(self.engine.device))
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next `step()` updates the weights."""

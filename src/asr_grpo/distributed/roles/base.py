@@ -50,6 +50,12 @@ def set_rng_state(state: dict | None) -> None:
     random.setstate((version, tuple(int(x) for x in internal.tolist()), gauss_next))
 
 
+def role_device() -> torch.device:
+    """Where this role's model runs: its GPU when Ray gave it one (Ray sets
+    CUDA_VISIBLE_DEVICES to the actor's own devices, so that GPU is index 0), else CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def join_process_group() -> int:
     """Join the role's data-parallel group from the env vars its RoleGroup set; returns the rank."""
     from asr_grpo.distributed.deepspeed_strategy import init_distributed

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from asr_grpo.distributed.roles.base import ModelRole
+from asr_grpo.distributed.roles.base import ModelRole, role_device
 from asr_grpo.distributed.roles.streaming import StreamScoringRole
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import load_model
@@ -18,7 +18,7 @@ class ReferenceRole(ModelRole, StreamScoringRole):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         self.model, processor = load_model(self.cfg.model.path, self.cfg.model.dtype)
-        self.model.eval().requires_grad_(False)
+        self.model.to(role_device()).eval().requires_grad_(False)
         self.pad_id = processor.tokenizer.pad_token_id
         self.yield_cpu_to_actor(self.cfg.overlap.scorer_nice)
         self.scorer = StreamingScorer(lambda: causal_lm_forward(self.model), self.pad_id,

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from asr_grpo.distributed.roles.base import ModelRole
+from asr_grpo.distributed.roles.base import ModelRole, role_device
 from asr_grpo.distributed.roles.streaming import StreamScoringRole
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import load_processor
@@ -27,7 +27,7 @@ from asr_grpo.tracking import busy
 class RewardModelRole(ModelRole, StreamScoringRole):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        self.model = load_text_lm(self.cfg.reward.text_lm_dir)
+        self.model = load_text_lm(self.cfg.reward.text_lm_dir, role_device())
         self.tokenizer = load_processor(self.cfg.model.path).tokenizer
         self.pad_id = self.tokenizer.pad_token_id
         self.start_id = start_token_id(self.tokenizer)

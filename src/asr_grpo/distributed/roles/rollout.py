@@ -10,7 +10,7 @@ import torch
 
 from asr_grpo.distributed.deepspeed_strategy import backend_for_device
 from asr_grpo.distributed.placement import PlacementPlan
-from asr_grpo.distributed.roles.base import ModelRole
+from asr_grpo.distributed.roles.base import ModelRole, role_device
 from asr_grpo.distributed.roles.rollout_host import RolloutHost, sampling_params
 from asr_grpo.distributed.weight_sync import WeightSyncGroup
 from asr_grpo.experience.types import SequenceRef
@@ -22,7 +22,7 @@ class RolloutRole(ModelRole, RolloutHost):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         self.model, processor = load_model(self.cfg.model.path, self.cfg.model.dtype)
-        self.model.eval().requires_grad_(False)
+        self.model.to(role_device()).eval().requires_grad_(False)
         self.pad_id = processor.tokenizer.pad_token_id
         self.engine = HFChunkedEngine(self.model, self.model.generation_config.eos_token_id, self.pad_id,
                                       sampling_params(self.cfg.algorithm, self.cfg.seed),
