@@ -6,11 +6,11 @@ import copy
 
 import pytest
 import torch
-
-from asr_grpo.models.sequences import encode_prompt, pack_sequences, response_logprobs
-from asr_grpo.models import suppressed_token_ids
-from asr_grpo.rollout import HFChunkedEngine, RolloutRequest, SamplingParams, sample_tokens, top_p_filter
 from helpers import noise_audio
+
+from asr_grpo.models import suppressed_token_ids
+from asr_grpo.models.sequences import encode_prompt, pack_sequences, response_logprobs
+from asr_grpo.rollout import HFChunkedEngine, RolloutRequest, SamplingParams, sample_tokens, top_p_filter
 
 
 @pytest.fixture(scope="module")
