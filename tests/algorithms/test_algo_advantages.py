@@ -3,9 +3,14 @@ import math
 import pytest
 import torch
 
-from asr_grpo.algorithms import (broadcast_to_tokens, compute_outcome_advantages,
-                                 gae_advantages, group_norm_advantages,
-                                 reinforce_baseline_advantages, rloo_advantages)
+from asr_grpo.algorithms import (
+    broadcast_to_tokens,
+    compute_outcome_advantages,
+    gae_advantages,
+    group_norm_advantages,
+    reinforce_baseline_advantages,
+    rloo_advantages,
+)
 
 
 def close(actual, expected, atol=1e-6):

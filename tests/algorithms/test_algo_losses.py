@@ -3,9 +3,17 @@ import math
 import pytest
 import torch
 
-from asr_grpo.algorithms import (aggregate_loss, entropy_from_logits, explained_variance,
-                                 logprobs_from_logits, masked_mean, masked_whiten,
-                                 policy_loss, truncated_importance_weights, value_loss)
+from asr_grpo.algorithms import (
+    aggregate_loss,
+    entropy_from_logits,
+    explained_variance,
+    logprobs_from_logits,
+    masked_mean,
+    masked_whiten,
+    policy_loss,
+    truncated_importance_weights,
+    value_loss,
+)
 
 
 def close(actual, expected, atol=1e-6):

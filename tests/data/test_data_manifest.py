@@ -15,7 +15,7 @@ def _row(**overrides):
 
 def _write(tmp_path, lines):
     path = tmp_path / "m.jsonl"
-    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines),
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines),
                     encoding="utf-8")
     return path
 

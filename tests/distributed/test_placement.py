@@ -7,8 +7,7 @@ import pytest
 import ray
 
 from asr_grpo.config.schema import PlacementConfig
-from asr_grpo.distributed.placement import (PlacementError, create_placement_group,
-                                            plan_placement, role_counts)
+from asr_grpo.distributed.placement import PlacementError, create_placement_group, plan_placement, role_counts
 
 COLOCATE = PlacementConfig(colocate=True, gpus_per_node=4)
 SEPARATE = PlacementConfig(name="separate", colocate=False, gpus_per_node=4, actor_gpus=1.0,

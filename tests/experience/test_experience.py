@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import noise_audio
 
 from asr_grpo.algorithms import group_norm_advantages
 from asr_grpo.config.schema import AlgorithmConfig
 from asr_grpo.experience import ExperienceItem, PromptSampler, estimate_advantages, pad_ragged, unpad
 from asr_grpo.experience.losses import actor_loss
 from asr_grpo.models.sequences import encode_prompt
-from helpers import noise_audio
 
 
 def test_sampler_covers_every_item_once_per_epoch_and_resumes_exactly():

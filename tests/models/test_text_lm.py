@@ -100,7 +100,10 @@ def test_real_sentences_are_more_fluent_than_shuffled_or_looping_ones(tok, train
         loops.append(ids * 3)                 # a loop cut at the token cap: no EOS
     ctx = [language_context_ids(tok, lang) for lang in langs]
     model, start = trained.model, start_token_id(tok)
-    score = lambda rs, ref: np.array(fluency_scores(model, rs, start, ctx, ref))
+
+    def score(rs, ref):
+        return np.array(fluency_scores(model, rs, start, ctx, ref))
+
     for ref in (0.0, trained.reference_nll):
         f_real, f_shuf, f_loop = score(real, ref), score(shuffled, ref), score(loops, ref)
         assert ((0 <= f_real) & (f_real <= 1)).all()

@@ -6,8 +6,17 @@ import torch
 
 from asr_grpo.config.schema import RewardConfig
 from asr_grpo.rewards import (
-    COMPONENTS, DEFAULT_WEIGHTS, RewardResult, RewardSample, cer_score, combine,
-    keyword_recall, language_consistency, score_samples, smoothness)
+    COMPONENTS,
+    DEFAULT_WEIGHTS,
+    RewardResult,
+    RewardSample,
+    cer_score,
+    combine,
+    keyword_recall,
+    language_consistency,
+    score_samples,
+    smoothness,
+)
 
 
 def test_cer_score():

@@ -7,8 +7,14 @@ import pytest
 import torch
 
 from asr_grpo.rewards import (
-    BUILTIN_REWARD_FILE, RewardFunctionError, RewardResult, RewardWorker,
-    call_reward_function, load_reward_function, sanitize)
+    BUILTIN_REWARD_FILE,
+    RewardFunctionError,
+    RewardResult,
+    RewardWorker,
+    call_reward_function,
+    load_reward_function,
+    sanitize,
+)
 
 PROMPT = "<|im_start|>user<|audio_pad|><|im_end|><|im_start|>assistant\n"
 BATCH = dict(

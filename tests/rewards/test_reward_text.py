@@ -2,8 +2,15 @@
 import pytest
 
 from asr_grpo.rewards import (
-    LANGUAGE_CODES, LANGUAGE_NAMES, char_error_rate, error_rates_by_language,
-    normalize_text, split_asr_output, utterance_cer, word_error_rate)
+    LANGUAGE_CODES,
+    LANGUAGE_NAMES,
+    char_error_rate,
+    error_rates_by_language,
+    normalize_text,
+    split_asr_output,
+    utterance_cer,
+    word_error_rate,
+)
 
 
 def test_language_tables_are_inverse():
