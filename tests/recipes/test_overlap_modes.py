@@ -32,17 +32,18 @@ def assert_same_update(root, got: dict, expected: dict, tol: float = 1e-3) -> No
     assert diff / update < tol, f"relative update difference {diff / update:.2e} (|update| {update:.2e})"
 
 
-def first_step(root, mode: str):
+def first_step(root, mode: str, *overrides: str, name: str = ""):
     """One PPO step (reference, critic and LM reward model all in play) by hand, so the
     experience itself can be compared; returns (rollout, items, metrics, new weights)."""
     cfg = compose_cfg(root, f"overlap={mode}", "algorithm=ppo", "reward=asr_lm", "overlap.chunk_size=3",
                       "algorithm.max_new_tokens=20", "trainer.lr_warmup_steps=0", "trainer.lr=1e-4",
-                      f"trainer.output_dir={root}/first_{mode}")
+                      f"trainer.output_dir={root}/first_{mode}{name}", *overrides)
     recipe = RLRecipe(cfg)
     try:
         recipe.setup()
         rollout = recipe.scheduler.rollout(0, lambda k: [recipe._group(i, 0) for i in recipe.sampler.next(k)])
-        items, metrics = recipe.maker.make(rollout.groups, rollout.results, rollout.streamed)
+        items, metrics = recipe.maker.make(rollout.groups, rollout.results, rollout.streamed,
+                                           version=recipe.weights_version)
         for g in (recipe.policy, recipe.critic):
             ray.get(g.call_split("train", split_even(items, g.world_size)))
         path = recipe.save(1, "none")
@@ -51,8 +52,13 @@ def first_step(root, mode: str):
         recipe.cleanup()
 
 
-def test_intra_streaming_gives_the_serial_experience_and_update(root):
-    serial, s_items, s_metrics, s_weights = first_step(root, "none")
+@pytest.fixture(scope="module")
+def serial_first_step(root):
+    return first_step(root, "none")
+
+
+def test_intra_streaming_gives_the_serial_experience_and_update(root, serial_first_step):
+    serial, s_items, s_metrics, s_weights = serial_first_step
     streamed, t_items, t_metrics, t_weights = first_step(root, "intra")
     uids = [it.uid for it in s_items]
     # The streamed run really streamed: every sequence's scores came from the scorers' KV caches.
@@ -74,12 +80,28 @@ def test_intra_streaming_gives_the_serial_experience_and_update(root):
     assert_same_update(root, t_weights, s_weights)
 
 
+def test_reused_behaviour_logprobs_give_the_recomputed_experience_and_update(root, serial_first_step):
+    """algorithm.recompute_old_logprobs=false: no second actor forward on a fresh rollout,
+    and the experience and the update are those of the recomputing run."""
+    _, r_items, r_metrics, r_weights = serial_first_step
+    _, items, metrics, weights = first_step(root, "none", "algorithm.recompute_old_logprobs=false", name="_reuse")
+    assert r_metrics["experience/old_logprobs_reused_frac"] == 0.0
+    assert metrics["experience/old_logprobs_reused_frac"] == 1.0
+    assert [it.uid for it in items] == [it.uid for it in r_items]
+    for a, b in zip(r_items, items):
+        assert a.response_ids == b.response_ids
+        assert torch.equal(b.old_logprobs, b.behaviour_logprobs)          # reused as they are
+        torch.testing.assert_close(b.old_logprobs, a.old_logprobs, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(b.advantages, a.advantages, atol=1e-4, rtol=1e-4)
+    assert_same_update(root, weights, r_weights)
+
+
 def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
     B, steps = 2, 5
     # One sample per prompt: a group finishes with its sequence, so lengths differ
     # between groups and stragglers get carried with partial tokens.
     cfg = compose_cfg(root, *SINGLE_SAMPLE, "overlap=inter", "overlap.delta_init=3", "overlap.delta_max=3",
-                      "overlap.chunk_size=2",
+                      "overlap.chunk_size=2", "algorithm.recompute_old_logprobs=false",
                       "algorithm.max_new_tokens=20", f"trainer.prompts_per_step={B}", f"trainer.steps={steps}",
                       "trainer.eval_every=0", "trainer.save_every=0", f"trainer.output_dir={root}/overcommit")
     recipe = RLRecipe(cfg)
@@ -87,7 +109,7 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
         recipe.setup()
         recipe.scheduler.ledger = {}
         trained_tokens: dict[str, list[int]] = {}
-        carried_partials = 0
+        carried_partials = stale_items = 0
         staleness = []
         for step in range(steps):
             # Every unfinished sample waiting in the buffer, with the tokens it has so far.
@@ -107,6 +129,14 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
                     assert s.done and s.uid not in trained_tokens
                     trained_tokens[s.uid] = s.tokens
                     assert len(s.versions) == len(s.tokens) and s.versions == sorted(s.versions)
+            # recompute_old_logprobs=false: only sequences the current weights sampled
+            # throughout reuse their behaviour log-probs; carried ones are recomputed.
+            for item in recipe.last_items:
+                fresh = min(item.versions) == step
+                stale_items += not fresh
+                assert torch.equal(item.old_logprobs, item.behaviour_logprobs) == fresh, (step, item.uid)
+            assert metrics["experience/old_logprobs_reused_frac"] == pytest.approx(
+                sum(min(it.versions) == step for it in recipe.last_items) / len(recipe.last_items))
         ledger = recipe.scheduler.ledger
         trained = [g for batch in ledger["trained"] for g in batch]
         assert len(trained) == len(set(trained)) == B * steps
@@ -114,7 +144,7 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
         assert set(ledger["entered"]) == set(trained) | waiting and not set(trained) & waiting
         assert len(ledger["entered"]) == len(set(ledger["entered"]))
         assert carried_partials > 0, "the workload never carried a partial sequence: test is vacuous"
-        assert max(staleness) >= 1
+        assert max(staleness) >= 1 and stale_items > 0
     finally:
         recipe.cleanup()
 

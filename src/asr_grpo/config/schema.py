@@ -142,6 +142,11 @@ class AlgorithmConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 96
+    # False: a sequence sampled wholly by the current weights keeps the rollout's own
+    # (behaviour) log-probs as its old log-probs instead of a second actor forward; the
+    # HF engine's equal that forward to float rounding. Sequences holding tokens of older
+    # weights (carried by overcommit) are still recomputed.
+    recompute_old_logprobs: bool = True
 
 
 @dataclass

@@ -36,6 +36,17 @@ def split_even(items: Sequence, parts: int) -> list[list]:
     return out
 
 
+class KnownScores:
+    """Scores the driver already holds, shaped like the scheduler's `StreamedScores`
+    (covered uids + `get()`), so `ExperienceMaker._launch` computes only the rest."""
+
+    def __init__(self, scores: dict[str, torch.Tensor]):
+        self.uids, self._scores = set(scores), scores
+
+    def get(self) -> dict[str, torch.Tensor]:
+        return self._scores
+
+
 class ExperienceMaker:
     def __init__(self, cfg: RunConfig, tokenizer, policy, ref, critic, reward, reward_model=None):
         self.cfg, self.tokenizer = cfg, tokenizer
@@ -63,6 +74,15 @@ class ExperienceMaker:
                 fresh.update(scores(lost, group.call_split(method, split_even(lost, group.world_size))))
             return [have[r.uid] if r.uid in have else fresh[r.uid] for r in refs]
         return wait
+
+    def _reusable_old_logprobs(self, seqs: list[SequenceResult], version: int | None) -> dict[str, torch.Tensor]:
+        """The behaviour log-probs that can stand in for the old ones
+        (`algorithm.recompute_old_logprobs=false`): sequences every token of which the
+        current weights sampled. Unknown version: none."""
+        if self.cfg.algorithm.recompute_old_logprobs or version is None:
+            return {}
+        return {s.uid: torch.tensor(s.logprobs, dtype=torch.float32) for s in seqs
+                if s.versions and min(s.versions) == version}
 
     def _rewards(self, batch: dict, n: int) -> RewardResult:
         """The reward workers' results over their shards. A reward file's error is raised
@@ -95,10 +115,12 @@ class ExperienceMaker:
                 "finish_reasons": [s.finish_reason for s in seqs], "sample_ids": [s.uid for s in seqs]}
 
     def make(self, groups: list[PromptGroup], results: dict[str, list[SequenceResult]],
-             streamed: dict | None = None) -> tuple[list[ExperienceItem], dict[str, float]]:
+             streamed: dict | None = None, version: int | None = None
+             ) -> tuple[list[ExperienceItem], dict[str, float]]:
         """`streamed` (scorer -> `StreamedScores`) holds what the streaming scorers made
         during the rollout; only what it does not cover is computed here. The actor's
-        old log-probs are launched first, so they run while the scorers drain."""
+        old log-probs are launched first, so they run while the scorers drain. `version`
+        is the weights version that sampled this step's fresh tokens (the step)."""
         algo = self.cfg.algorithm
         streamed = streamed or {}
         by_uid = {g.uid: g for g in groups}
@@ -107,7 +129,8 @@ class ExperienceMaker:
                             by_uid[s.group].utterance["language"]) for s in seqs]
         t0 = time.monotonic()
         # Launch every scorer before waiting on any: they live in different actors.
-        pending = {"old": self._launch(self.policy, "compute_logprobs", refs)}
+        reused = self._reusable_old_logprobs(seqs, version)
+        pending = {"old": self._launch(self.policy, "compute_logprobs", refs, KnownScores(reused) if reused else None)}
         if self.ref is not None:
             pending["ref"] = self._launch(self.ref, "compute_logprobs", refs, streamed.get("ref"))
         if self.critic is not None:
@@ -156,6 +179,7 @@ class ExperienceMaker:
                    **({"charts/response_length_p50": float(lengths.quantile(0.5)),
                        "charts/response_length_p90": float(lengths.quantile(0.9)),
                        "charts/response_length_max": float(lengths.max())} if seqs else {}),
+                   "experience/old_logprobs_reused_frac": sum(s.uid in reused for s in seqs) / len(seqs),
                    "overlap/streamed_frac": sum(len(v.uids) for v in streamed.values())
                    / max(1, len(seqs) * len(streamed)) if streamed else 0.0,
                    "charts/truncated_frac": sum(s.finish_reason == "length" for s in seqs) / max(1, len(seqs)),

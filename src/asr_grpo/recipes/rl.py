@@ -208,7 +208,8 @@ class RLRecipe:
             ray.get(self.rollout_group.call("sleep"))   # colocated vLLM frees the GPU for training
         t_score = time.monotonic()
         self.last_rollout = rollout   # kept for inspection (tests, debugging)
-        items, metrics = self.maker.make(rollout.groups, rollout.results, rollout.streamed)
+        items, metrics = self.maker.make(rollout.groups, rollout.results, rollout.streamed,
+                                         version=self.weights_version)
         self.last_items = items
         metrics.update(rollout.metrics)
         t_train = time.monotonic()
