@@ -50,3 +50,21 @@ def test_channels_last_frontend_gives_the_same_encoder_output_and_saves_contiguo
         set_frontend_memory_format(model, torch.contiguous_format)
     torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-5)
     assert all(p.is_contiguous() for p in model.parameters())
+
+
+def test_spec_augment_reaches_the_sft_loss_only_when_enabled(root):
+    from helpers import compose_cfg
+
+    from asr_grpo.recipes.sft import SFTRecipe
+
+    def losses(enabled: bool) -> list[float]:
+        recipe = SFTRecipe(compose_cfg(root, f"sft.spec_augment.enabled={enabled}", "sft.spec_augment.freq_width=60"))
+        recipe.setup()
+        items = [recipe._item(i) for i in range(4)]
+        with torch.no_grad():
+            return [recipe._loss(items)[0].item() for _ in range(2)]
+
+    plain, masked = losses(False), losses(True)
+    assert plain[0] == plain[1]                     # no randomness without masks
+    assert masked[0] != masked[1]                   # fresh masks on every call
+    assert all(m != plain[0] for m in masked)       # the masks reach the encoder

@@ -75,6 +75,16 @@ class ModelConfig:
 
 
 @dataclass
+class SpecAugmentConfig:
+    """SFT-only SpecAugment masks (asr_grpo.data.augment)."""
+    enabled: bool = False
+    freq_masks: int = 2            # masks per utterance over the mel bins
+    freq_width: int = 20           # each at most this many bins wide (of 128)
+    time_masks: int = 2            # masks per utterance over frames
+    time_width_frac: float = 0.05  # each at most this fraction of the utterance's frames
+
+
+@dataclass
 class SFTConfig:
     output_dir: str = "${paths.output_root}/checkpoints/sft-tiny"
     max_minutes: float = 19.0         # wall-clock cap; the LR schedule follows max_steps
@@ -94,6 +104,7 @@ class SFTConfig:
     # other tokens of the batch (labels unchanged): with its own history unreliable, the
     # decoder has to take more of each token from the audio than from its language model.
     input_token_dropout: float = 0.0
+    spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     shortest_first_epoch: bool = True   # SortaGrad: the first epoch in increasing length
     eval_every_steps: int = 0
     eval_max_utterances: int = 100

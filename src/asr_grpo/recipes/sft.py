@@ -17,6 +17,7 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.data import AsrDataset, resolve_manifests
+from asr_grpo.data.augment import spec_augment
 from asr_grpo.evaluation import evaluate_dataset
 from asr_grpo.models import (
     IGNORE_INDEX,
@@ -116,6 +117,7 @@ class SFTRecipe:
             min_lr_rate=cfg.sft.min_lr_ratio)
         self._audio_cache: dict[int, dict] = {}
         self.token_rng = torch.Generator().manual_seed(cfg.sft.seed)
+        self.augment_rng = torch.Generator().manual_seed(cfg.sft.seed + 1)
         log.info("model parameters: %s", self.counts)
 
     def _item(self, i: int) -> dict | None:
@@ -132,8 +134,9 @@ class SFTRecipe:
         model = self.model
         embeds = model.get_input_embeddings()(corrupt_transcript_inputs(
             batch["input_ids"], batch["labels"], self.cfg.sft.input_token_dropout, self.token_rng))
-        frames = model.get_audio_features(batch["input_features"], batch["input_features_mask"],
-                                          return_dict=True).pooler_output
+        features = spec_augment(batch["input_features"], batch["input_features_mask"],
+                                self.cfg.sft.spec_augment, self.augment_rng)
+        frames = model.get_audio_features(features, batch["input_features_mask"], return_dict=True).pooler_output
         audio_mask = batch["input_ids"] == model.config.audio_token_id
         embeds = embeds.masked_scatter(audio_mask.unsqueeze(-1), frames.to(embeds.dtype))
         out = model(inputs_embeds=embeds, attention_mask=batch["attention_mask"], labels=batch["labels"])
