@@ -105,7 +105,7 @@ def test_freeze_switch_keeps_encoder_fixed_and_trains_the_rest(processor, tokeni
     assert unfrozen.frozen == 0
 
 
-def test_fresh_encoder_frames_carry_thenoise_audio(processor, tokenizer):
+def test_fresh_encoder_frames_carry_the_audio(processor, tokenizer):
     """From-scratch init keeps the mel signal above the encoder's positional embedding:
     with HF's N(0, 0.02) conv init every frame looked alike (cosine ~0.9997)."""
     model = build_model(ModelConfig(), tokenizer, seed=0).eval()
@@ -118,6 +118,20 @@ def test_fresh_encoder_frames_carry_thenoise_audio(processor, tokenizer):
                                          input_features_mask=feats["attention_mask"]).last_hidden_state
     unit = torch.nn.functional.normalize(frames, dim=-1)
     assert float((unit @ unit.T).mean()) < 0.9
+
+
+def test_fresh_adapter_hands_the_lm_unit_scale_audio_frames(processor, tokenizer):
+    """The adapter's output is what the LM (and an SFT CTC head) reads: with HF's N(0, 0.02)
+    init it came out at RMS ~0.04, and readers took hundreds of steps to hear it."""
+    model = build_model(ModelConfig(), tokenizer, seed=0).eval()
+    noise = np.random.default_rng(0).normal(0, 0.1, 32000).astype(np.float32)
+    feats = processor.feature_extractor([noise], sampling_rate=16000, return_attention_mask=True,
+                                        padding=True, return_tensors="pt")
+    with torch.no_grad():
+        frames = model.get_audio_features(feats["input_features"], feats["attention_mask"],
+                                          return_dict=True).pooler_output
+    rms = float(frames.pow(2).mean().sqrt())
+    assert 0.3 < rms < 3.0, rms
 
 
 def test_encoder_attention_window_limits_what_a_frame_attends_to(tokenizer):

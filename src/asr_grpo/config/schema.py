@@ -100,6 +100,10 @@ class SFTConfig:
     # CTC head is not saved). Off by default: at 0.3 its loss stayed on the blank
     # plateau for 650 steps and dev CER lagged the plain run (0.80 vs 0.69 at ~600).
     ctc_weight: float = 0.0
+    # The first N steps train only encoder + adapter + CTC head on the CTC loss (no LM
+    # forward, ~3x cheaper a step): the LM then starts from audio frames that already
+    # tell the tokens apart, instead of learning to listen while the encoder learns to hear.
+    ctc_warmup_steps: int = 0
     # Fraction of the teacher-forced transcript tokens replaced in the decoder's input by
     # other tokens of the batch (labels unchanged): with its own history unreliable, the
     # decoder has to take more of each token from the audio than from its language model.

@@ -85,19 +85,29 @@ def build_model(cfg: ModelConfig, tokenizer, seed: int = 0) -> Qwen3ASRForCondit
 
 @torch.no_grad()
 def init_audio_frontend(model: Qwen3ASRForConditionalGeneration) -> None:
-    """Fan-in scaled init for the encoder's conv stack, for training from scratch.
+    """Fan-in scaled init for the audio path (conv stack and adapter), for training
+    from scratch.
 
     HF initialises every conv/linear with N(0, 0.02), made for loading pretrained
-    weights: through three stride-2 convs (fan-in 9, then 9 x channels) the mel signal
+    weights. Through three stride-2 convs (fan-in 9, then 9 x channels) the mel signal
     shrinks ~1000x and drowns under the encoder's per-chunk positional embedding, so
-    every audio frame looks alike and the decoder has nothing to listen to. Kaiming
-    init keeps the signal at unit scale.
+    every audio frame looks alike. The adapter (linear-GELU-linear) then shrinks the
+    encoder's unit-scale output to ~0.04, and whatever reads it (the LM's residual
+    stream, a CTC head) needs hundreds of Adam steps to grow weights large enough to
+    hear it: a CTC head on the adapter stayed on the blank plateau for 600 steps,
+    while the same head on a unit-scale adapter reached 44% / 28% CER (en / zh) in 450.
+    Kaiming init keeps the signal at unit scale through both.
     """
     enc = audio_encoder(model)
     for conv in (enc.conv2d1, enc.conv2d2, enc.conv2d3):
         torch.nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")  # GELU ~ ReLU gain
         torch.nn.init.zeros_(conv.bias)
     torch.nn.init.kaiming_normal_(enc.conv_out.weight, nonlinearity="linear")
+    adapter = model.model.multi_modal_projector
+    torch.nn.init.kaiming_normal_(adapter.linear_1.weight, nonlinearity="relu")
+    torch.nn.init.kaiming_normal_(adapter.linear_2.weight, nonlinearity="linear")
+    torch.nn.init.zeros_(adapter.linear_1.bias)
+    torch.nn.init.zeros_(adapter.linear_2.bias)
 
 
 def load_processor(path: str) -> Qwen3ASRProcessor:

@@ -109,9 +109,10 @@ class SFTRecipe:
         set_frontend_memory_format(self.model, torch.channels_last)
         self.counts = parameter_counts(self.model)
         self.eos_id = self.tokenizer.eos_token_id
-        self.ctc = (CTCHead(cfg.model.text_hidden, len(self.tokenizer)) if cfg.sft.ctc_weight > 0 else None)
-        params = list(self.model.parameters()) + (list(self.ctc.parameters()) if self.ctc else [])
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
+        needs_ctc = cfg.sft.ctc_weight > 0 or cfg.sft.ctc_warmup_steps > 0
+        self.ctc = CTCHead(cfg.model.text_hidden, len(self.tokenizer)) if needs_ctc else None
+        self.params = list(self.model.parameters()) + (list(self.ctc.parameters()) if self.ctc else [])
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
         self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             self.optimizer, num_warmup_steps=cfg.sft.warmup_steps, num_training_steps=cfg.sft.max_steps,
             min_lr_rate=cfg.sft.min_lr_ratio)
@@ -128,16 +129,19 @@ class SFTRecipe:
         return self._audio_cache[i]
 
     # ---- one step ------------------------------------------------------------------------
-    def _loss(self, items: list[dict]) -> tuple[torch.Tensor, dict[str, float]]:
+    def _loss(self, items: list[dict], ctc_only: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
         batch = encode_supervised(self.processor, [it["audio"] for it in items],
                                   [it["language"] for it in items], [it["text"] for it in items])
         model = self.model
-        embeds = model.get_input_embeddings()(corrupt_transcript_inputs(
-            batch["input_ids"], batch["labels"], self.cfg.sft.input_token_dropout, self.token_rng))
         features = spec_augment(batch["input_features"], batch["input_features_mask"],
                                 self.cfg.sft.spec_augment, self.augment_rng)
         frames = model.get_audio_features(features, batch["input_features_mask"], return_dict=True).pooler_output
         audio_mask = batch["input_ids"] == model.config.audio_token_id
+        if ctc_only:
+            ctc = self.ctc.loss(frames, audio_mask.sum(dim=1), batch["labels"], self.eos_id)
+            return ctc, {"loss/ctc": ctc.item(), "loss/total": ctc.item()}
+        embeds = model.get_input_embeddings()(corrupt_transcript_inputs(
+            batch["input_ids"], batch["labels"], self.cfg.sft.input_token_dropout, self.token_rng))
         embeds = embeds.masked_scatter(audio_mask.unsqueeze(-1), frames.to(embeds.dtype))
         out = model(inputs_embeds=embeds, attention_mask=batch["attention_mask"], labels=batch["labels"])
         metrics = {"loss/lm": out.loss.item()}
@@ -165,10 +169,10 @@ class SFTRecipe:
                 items = [it for it in map(self._item, idx) if it is not None]
                 if not items:
                     continue
-                loss, metrics = self._loss(items)
+                loss, metrics = self._loss(items, ctc_only=step < cfg.ctc_warmup_steps)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
                 self.optimizer.step()
                 self.scheduler.step()
                 step += 1
@@ -178,7 +182,7 @@ class SFTRecipe:
                                 "perf/steps_per_s": step / (time.monotonic() - start)})
                 tracker.log_metrics(metrics, step=step)
                 bar.update(1)
-                bar.set_postfix(loss=f"{metrics['loss/lm']:.3f}", cer=last_eval.get("cer", float("nan")))
+                bar.set_postfix(loss=f"{metrics['loss/total']:.3f}", cer=last_eval.get("cer", float("nan")))
                 if cfg.eval_every_steps and step % cfg.eval_every_steps == 0:
                     last_eval = self.evaluate(max_utterances=cfg.eval_max_utterances)
                     tracker.log_metrics({f"eval/{k}": v for k, v in last_eval.items()}, step=step)
