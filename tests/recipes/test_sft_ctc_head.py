@@ -62,7 +62,8 @@ def test_ctc_warmup_trains_only_the_audio_path_then_hands_over_to_the_lm(root):
     recipe = SFTRecipe(compose_cfg(root, "sft.ctc_warmup_steps=2", "sft.max_steps=2", "sft.eval_every_steps=0"))
     recipe.setup()
     inner = recipe.model.model
-    lm, enc, adapter = snapshot(inner.language_model), snapshot(inner.audio_tower), snapshot(inner.multi_modal_projector)
+    lm, enc = snapshot(inner.language_model), snapshot(inner.audio_tower)
+    adapter = snapshot(inner.multi_modal_projector)
     with MlflowRun(recipe.cfg.logger, run_name="ctc-warmup", config=recipe.cfg) as tracker:
         recipe.train(tracker)
         run_id = tracker.run_id

@@ -146,7 +146,7 @@ class SFTRecipe:
         out = model(inputs_embeds=embeds, attention_mask=batch["attention_mask"], labels=batch["labels"])
         metrics = {"loss/lm": out.loss.item()}
         loss = out.loss
-        if self.ctc is not None:
+        if self.cfg.sft.ctc_weight > 0:
             ctc = self.ctc.loss(frames, audio_mask.sum(dim=1), batch["labels"], self.eos_id)
             loss = loss + self.cfg.sft.ctc_weight * ctc
             metrics["loss/ctc"] = ctc.item()
