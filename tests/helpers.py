@@ -38,3 +38,12 @@ def metric_history(cfg, run_id, key):
 
     client = mlflow.tracking.MlflowClient(absolute_tracking_uri(cfg.logger.tracking_uri))
     return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+
+def train_sft_logged(recipe, run_name):
+    """Run `recipe.train` (set up already) inside a real MLflow run; returns the run id."""
+    from asr_grpo.tracking import MlflowRun
+
+    with MlflowRun(recipe.cfg.logger, run_name=run_name, config=recipe.cfg) as tracker:
+        recipe.train(tracker)
+        return tracker.run_id

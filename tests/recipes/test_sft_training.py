@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import statistics
 
-from helpers import compose_cfg, metric_history
+from helpers import compose_cfg, metric_history, train_sft_logged
 
 
 def test_short_sft_run_lowers_ctc_then_lm_loss(root):
     from asr_grpo.recipes.sft import SFTRecipe
-    from asr_grpo.tracking import MlflowRun
 
     recipe = SFTRecipe(compose_cfg(root, "sft.ctc_warmup_steps=15", "sft.max_steps=40", "sft.eval_every_steps=0"))
     recipe.setup()
-    with MlflowRun(recipe.cfg.logger, run_name="sft-short", config=recipe.cfg) as tracker:
-        recipe.train(tracker)
-        run_id = tracker.run_id
+    run_id = train_sft_logged(recipe, "sft-short")
     ctc = [v for _, v in metric_history(recipe.cfg, run_id, "loss/ctc")]
     lm = [v for _, v in metric_history(recipe.cfg, run_id, "loss/lm")]
     assert len(ctc) == 15 and len(lm) == 25

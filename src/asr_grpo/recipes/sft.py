@@ -137,8 +137,9 @@ class SFTRecipe:
                                 self.cfg.sft.spec_augment, self.augment_rng)
         frames = model.get_audio_features(features, batch["input_features_mask"], return_dict=True).pooler_output
         audio_mask = batch["input_ids"] == model.config.audio_token_id
+        ctc = (self.ctc.loss(frames, audio_mask.sum(dim=1), batch["labels"], self.eos_id)
+               if ctc_only or self.cfg.sft.ctc_weight > 0 else None)
         if ctc_only:
-            ctc = self.ctc.loss(frames, audio_mask.sum(dim=1), batch["labels"], self.eos_id)
             return ctc, {"loss/ctc": ctc.item(), "loss/total": ctc.item()}
         embeds = model.get_input_embeddings()(corrupt_transcript_inputs(
             batch["input_ids"], batch["labels"], self.cfg.sft.input_token_dropout, self.token_rng))
@@ -146,8 +147,7 @@ class SFTRecipe:
         out = model(inputs_embeds=embeds, attention_mask=batch["attention_mask"], labels=batch["labels"])
         metrics = {"loss/lm": out.loss.item()}
         loss = out.loss
-        if self.cfg.sft.ctc_weight > 0:
-            ctc = self.ctc.loss(frames, audio_mask.sum(dim=1), batch["labels"], self.eos_id)
+        if ctc is not None:
             loss = loss + self.cfg.sft.ctc_weight * ctc
             metrics["loss/ctc"] = ctc.item()
         metrics["loss/total"] = loss.item()
