@@ -16,7 +16,7 @@ from asr_grpo.data import read_manifest
 from asr_grpo.data.corpus import SPLITS, build_corpus, corpus_hash
 
 # Long-form share raised so the tiny corpus contains long utterances too.
-TINY = CorpusConfig(seed=0, num_train=12, num_dev=4, num_test=4, long_fraction=0.15, workers=2)
+TINY = CorpusConfig(seed=0, num_train=12, num_dev=4, num_test=4, num_rl=4, long_fraction=0.15, workers=2)
 FIELDS = ["id", "audio", "text", "language", "keywords", "duration"]
 
 
@@ -53,7 +53,7 @@ def built(tmp_path_factory):
 def test_same_config_gives_identical_files(built):
     a, b = built
     digest_a = _digest(a.root)
-    assert len([k for k in digest_a if k.endswith(".wav")]) == 20
+    assert len([k for k in digest_a if k.endswith(".wav")]) == 24
     assert digest_a == _digest(b.root)
     assert a.root.name == b.root.name == corpus_hash(TINY)
 
@@ -89,7 +89,7 @@ def test_interrupted_build_leaves_nothing_that_looks_complete(tmp_path, monkeypa
 def test_manifests_are_valid(built):
     a, _ = built
     rows = {split: _rows(getattr(a, split)) for split in SPLITS}
-    assert [len(rows[s]) for s in SPLITS] == [12, 4, 4]
+    assert [len(rows[s]) for s in SPLITS] == [12, 4, 4, 4]
     everything = [r for split_rows in rows.values() for r in split_rows]
     assert {r["language"] for r in everything} == {"en", "zh"}
     assert max(r["duration"] for r in everything) > 8.0          # long-form present
@@ -100,7 +100,7 @@ def test_manifests_are_valid(built):
         assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16")
         assert row["duration"] == round(info.frames / 16000, 3)
     train_texts = {r["text"] for r in rows["train"]}
-    held_out = [r["text"] for r in rows["dev"] + rows["test"]]
+    held_out = [r["text"] for r in rows["dev"] + rows["test"] + rows["rl"]]
     assert not train_texts & set(held_out) and len(set(held_out)) == len(held_out)
     # The project's own reader accepts every line.
     for split in SPLITS:
@@ -111,3 +111,15 @@ def test_hash_ignores_workers_only():
     assert corpus_hash(TINY) == corpus_hash(dataclasses.replace(TINY, workers=5))
     assert corpus_hash(TINY) == corpus_hash(OmegaConf.structured(TINY))   # Hydra's form
     assert corpus_hash(TINY) != corpus_hash(dataclasses.replace(TINY, noise_snr_db_min=20.0))
+
+
+def test_rl_split_leaves_the_other_splits_unchanged(built, tmp_path):
+    """The rl split is drawn last: a corpus without it has byte-identical train/dev/test
+    (so an SFT checkpoint stays valid), and RL prompts default to train there."""
+    without = build_corpus(dataclasses.replace(TINY, num_rl=0), tmp_path)
+    with_rl = built[0]
+    assert without.rl is None and without.rl_prompts == without.train
+    assert with_rl.rl_prompts == with_rl.rl == with_rl.root / "rl.jsonl"
+    same = {k: v for k, v in _digest(with_rl.root).items() if not k.startswith(("rl.", "wavs/rl/", "corpus."))}
+    assert same == {k: v for k, v in _digest(without.root).items() if not k.startswith(("rl.", "corpus."))}
+    assert [r["id"] for r in _rows(with_rl.rl)] == [f"rl-{i:05d}" for i in range(4)]

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import numpy as np
@@ -56,6 +57,12 @@ def test_resolve_user_manifests(tmp_path, monkeypatch):
                         for s in ("train", "dev", "test")})
     got = resolve_manifests(cfg, tmp_path / "out")
     assert got.train == tmp_path / "train.jsonl" and got.test == tmp_path / "test.jsonl"
+    assert got.rl_prompts == got.train   # no rl_manifest: RL draws from train
+    (tmp_path / "rl.jsonl").write_text("")
+    with_rl = resolve_manifests(dataclasses.replace(cfg, rl_manifest=str(tmp_path / "rl.jsonl")), tmp_path)
+    assert with_rl.rl_prompts == tmp_path / "rl.jsonl" and with_rl.train == got.train
+    with pytest.raises(FileNotFoundError, match="data.rl_manifest"):
+        resolve_manifests(dataclasses.replace(cfg, rl_manifest=str(tmp_path / "nope.jsonl")), tmp_path)
     with pytest.raises(ValueError, match="data.test_manifest"):
         resolve_manifests(DataConfig(train_manifest=cfg.train_manifest,
                                      dev_manifest=cfg.dev_manifest), tmp_path)
@@ -72,3 +79,7 @@ def test_resolve_builds_embedded_corpus_when_unset(tmp_path, monkeypatch):
     cfg = DataConfig()
     assert resolve_manifests(cfg, tmp_path) is fake
     assert calls == [(cfg.corpus, tmp_path)]
+    # rl_manifest alone swaps the embedded corpus' RL prompts for the user's.
+    (tmp_path / "mine.jsonl").write_text("")
+    got = resolve_manifests(DataConfig(rl_manifest=str(tmp_path / "mine.jsonl")), tmp_path)
+    assert got.rl_prompts == tmp_path / "mine.jsonl" and got.train == fake.train

@@ -150,7 +150,7 @@ def test_reward_file_error_fails_the_step_before_any_update(recipe, fault_reward
         fault_reward.set("ok")
     message = str(err.value)
     assert fault_reward.path in message and "reward_func raised ValueError: injected failure" in message
-    assert re.search(rf"\({B * N} samples: \[s\d+:train-\d+#\d, ", message)   # the samples, by uid
+    assert re.search(rf"\({B * N} samples: \[s\d+:e\d+:rl-\d+#\d, ", message)   # the samples, by uid
     assert optimizer_steps(recipe) == before
 
 

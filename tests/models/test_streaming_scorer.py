@@ -10,7 +10,7 @@ from helpers import noise_audio
 from asr_grpo.models.critic import ValueModel, response_values, value_forward
 from asr_grpo.models.kv_batch import causal_lm_forward
 from asr_grpo.models.sequences import encode_prompt, pack_sequences, response_logprobs
-from asr_grpo.models.streaming import StreamingScorer, identity_score, token_logprobs
+from asr_grpo.models.streaming import StreamingScorer, identity_score, score_once, token_logprobs
 
 TEMPERATURE = 0.9
 
@@ -145,3 +145,31 @@ def test_streamed_text_lm_equals_one_shot(tiny_tokenizer, sequences):
         got = stream(scorer, lm_seqs, chunk, late={"u2"})
         for s, ref in zip(sequences, expected):
             torch.testing.assert_close(got[s[0]], ref, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["logprobs", "values"])
+def test_samples_of_one_prompt_share_its_prefill(tiny_model, value_model, tiny_tokenizer, sequences, kind):
+    """score_once with 3 samples per prompt (one features object each, as a GRPO group
+    has) prefills each prompt once and still equals the full forward per sequence."""
+    g = torch.Generator().manual_seed(1)
+    groups = []
+    for uid, prompt, feats, _ in sequences[:3]:
+        for k in range(3):
+            n = int(torch.randint(0, 12, (1,), generator=g))
+            groups.append((f"{uid}#{k}", prompt, feats, torch.randint(5, len(tiny_tokenizer), (n,), generator=g).tolist()))
+    model = tiny_model if kind == "logprobs" else value_model
+    base = causal_lm_forward(tiny_model) if kind == "logprobs" else value_forward(value_model)
+    prefilled_rows = []
+
+    def counting(cache=None, **inputs):
+        if cache is None:   # a prefill: count its rows
+            prefilled_rows.append(inputs["input_ids"].shape[0])
+        return base(cache=cache, **inputs)
+
+    score = token_logprobs(TEMPERATURE) if kind == "logprobs" else identity_score
+    got = score_once(lambda: counting, tiny_tokenizer.pad_token_id, score, [s[0] for s in groups],
+                     [s[1] for s in groups], [s[2] for s in groups], [s[3] for s in groups])
+    assert prefilled_rows == [3]   # 9 sequences, 3 distinct prompts
+    want = one_shot(model, groups, tiny_tokenizer.pad_token_id, kind)
+    for s, out in zip(groups, got):
+        torch.testing.assert_close(out, want[s[0]], rtol=1e-4, atol=1e-4)

@@ -69,6 +69,11 @@ def test_roles_land_where_the_placement_says(root):
         actor, ref = colocated.placement["actor"][0], colocated.placement["ref"][0]
         assert actor["bundle_index"] == ref["bundle_index"] == 0 and actor["as_planned"] and ref["as_planned"]
         assert "rollout" not in colocated.placement    # the actor rolls out itself
+        # RL prompts come from the corpus' rl split (sentences SFT never saw), eval from dev.
+        assert colocated.train_set.manifest_path.name == "rl.jsonl"
+        assert colocated.dev_set.manifest_path.name == "dev.jsonl"
+        groups = colocated._new_groups(3, step=0)
+        assert [g.utterance["id"][:3] for g in groups] == ["rl-"] * 3
     finally:
         colocated.cleanup()
 
@@ -95,3 +100,24 @@ def test_separate_rollout_worker_matches_trainer_after_sync(root):
         torch.testing.assert_close(engine, trainer, rtol=0, atol=1e-6)   # and the engine has it
     finally:
         recipe.cleanup()
+
+
+def test_prompt_groups_stay_unique_when_the_prompt_set_wraps_inside_a_step(root):
+    """12 groups from the 8 debug RL prompts: the sampler wraps into its next epoch
+    inside one step, and the second draw of an utterance must not reuse a uid (the
+    rollout host and the buffer key sequences by it)."""
+    from asr_grpo.data import AsrDataset, resolve_manifests
+    from asr_grpo.experience.prompts import PromptSampler
+    from asr_grpo.models import load_processor
+
+    cfg = compose_cfg(root)
+    recipe = RLRecipe(cfg)   # no setup: only the prompt-drawing parts
+    recipe.train_set = AsrDataset(resolve_manifests(cfg.data, cfg.paths.output_root).rl_prompts, cfg.data)
+    recipe.sampler = PromptSampler(len(recipe.train_set), cfg.seed)
+    recipe.processor = load_processor(cfg.model.path)
+    groups = recipe._new_groups(12, step=3)
+    uids = [g.uid for g in groups]
+    assert len(recipe.train_set) == 8 and len(set(uids)) == 12
+    assert sum(u.startswith("s3:e1:rl-") for u in uids) == 4 and sum(u.startswith("s3:e0:rl-") for u in uids) == 8
+    rebuilt = recipe._group(groups[-1].item_index, 3, uid=groups[-1].uid)   # as resume rebuilds it
+    assert rebuilt.uid == groups[-1].uid and rebuilt.prompt_ids == groups[-1].prompt_ids

@@ -24,6 +24,7 @@ class CorpusConfig:
     num_train: int = 2000
     num_dev: int = 200
     num_test: int = 200
+    num_rl: int = 2000                # RL prompts: sentences SFT never saw (0: RL uses train)
     zh_fraction: float = 0.4          # share of Mandarin utterances
     long_fraction: float = 0.06       # share of long-form (8-15 s) utterances
     noise_snr_db_min: float = 25.0    # light additive noise, SNR range in dB
@@ -39,6 +40,9 @@ class DataConfig:
     train_manifest: str = ""
     dev_manifest: str = ""
     test_manifest: str = ""
+    # The prompts RL trains on. Empty: the corpus' rl split (or, with your own
+    # manifests, train_manifest).
+    rl_manifest: str = ""
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     sample_rate: int = 16000
     max_duration_s: float = 30.0      # longer audio is rejected as absurd

@@ -1,6 +1,8 @@
 """Torch dataset over a validated manifest, and where the manifests come from."""
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +71,16 @@ class AsrDataset(Dataset):
 
 def resolve_manifests(data_cfg: DataConfig, output_root: str | Path) -> CorpusManifests:
     """The user's manifests when `train/dev/test_manifest` are set (all three are then
-    required), else the embedded corpus, built on first use and cached."""
+    required; `rl_manifest` is optional), else the embedded corpus, built on first use
+    and cached. `rl_manifest` alone may also point the embedded corpus' RL at other
+    prompts."""
     given = {split: getattr(data_cfg, f"{split}_manifest") for split in ("train", "dev", "test")}
+    rl = Path(data_cfg.rl_manifest) if data_cfg.rl_manifest else None
+    if rl is not None and not rl.is_file():
+        raise FileNotFoundError(f"data.rl_manifest: {rl} does not exist")
     if not any(given.values()):
-        return build_corpus(data_cfg.corpus, output_root)
+        built = build_corpus(data_cfg.corpus, output_root)
+        return built if rl is None else dataclasses.replace(built, rl=rl)
     missing = [f"data.{split}_manifest" for split, path in given.items() if not path]
     if missing:
         raise ValueError(f"set all of data.train/dev/test_manifest or none; missing: "
@@ -81,4 +89,4 @@ def resolve_manifests(data_cfg: DataConfig, output_root: str | Path) -> CorpusMa
     for split, path in paths.items():
         if not path.is_file():
             raise FileNotFoundError(f"data.{split}_manifest: {path} does not exist")
-    return CorpusManifests(root=paths["train"].parent, **paths)
+    return CorpusManifests(root=paths["train"].parent, **paths, rl=rl)

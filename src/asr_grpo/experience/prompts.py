@@ -22,15 +22,20 @@ class PromptSampler:
     def _permutation(self) -> np.ndarray:
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_items)
 
-    def next(self, k: int) -> list[int]:
-        out: list[int] = []
+    def draw(self, k: int) -> list[tuple[int, int]]:
+        """The next k (epoch, index) pairs: each pair occurs once in a run, so it names a
+        draw even when a small prompt set repeats an utterance within one step."""
+        out: list[tuple[int, int]] = []
         while len(out) < k:
             if self.position == self.num_items:
                 self.epoch, self.position = self.epoch + 1, 0
                 self._order = self._permutation()
-            out.append(int(self._order[self.position]))
+            out.append((self.epoch, int(self._order[self.position])))
             self.position += 1
         return out
+
+    def next(self, k: int) -> list[int]:
+        return [index for _, index in self.draw(k)]
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_items": self.num_items}

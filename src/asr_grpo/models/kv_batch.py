@@ -60,6 +60,27 @@ class KVBatch:
         return [out[i, width - 1 - k:width - 1] for i, k in enumerate(score_last)]
 
     @torch.no_grad()
+    def prefill_shared(self, prompts: Sequence[Sequence[int]], features: Sequence[AudioFeatures | None] | None,
+                       continuations: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Start the batch from prompt + continuation per row, prefilling each distinct
+        prompt (same tokens, same features object) once: the n samples of a GRPO group
+        share their audio prompt, so the audio encoder and the prompt prefill run once
+        per group instead of n times. The shared cache is copied to every row, then each
+        row is extended by its own continuation (a partial response, often empty).
+        Returns per row the outputs predicting its continuation, as `prefill` does with
+        `score_last`; equal to prefilling every row whole, up to float rounding."""
+        slot: dict[tuple, int] = {}
+        index = [slot.setdefault((id(features[i]) if features else None, tuple(p)), len(slot))
+                 for i, p in enumerate(prompts)]
+        first = {k: i for i, k in reversed(list(enumerate(index)))}
+        unique = [first[k] for k in range(len(slot))]
+        self.prefill([prompts[i] for i in unique], [0] * len(unique),
+                     [features[i] for i in unique] if features else None)
+        if len(unique) < len(prompts):
+            self.select(index)
+        return self.extend(continuations)
+
+    @torch.no_grad()
     def extend(self, new_tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Append each row's new tokens; returns per row the outputs predicting them."""
         counts = [len(t) for t in new_tokens]
@@ -87,7 +108,8 @@ class KVBatch:
         return predicting
 
     def select(self, rows: Sequence[int]) -> None:
-        """Keep only `rows` (in this order): finished sequences stop costing compute."""
+        """Keep only `rows` (in this order): finished sequences stop costing compute. A
+        row listed twice is copied (`prefill_shared` fans a prompt out this way)."""
         index = torch.as_tensor(list(rows), dtype=torch.long)
         self.cache.batch_select_indices(index)
         self.mask, self.next_pos, self.last = self.mask[index], self.next_pos[index], self.last[index]

@@ -110,9 +110,9 @@ class StreamingScorer:
     # ---- internals -----------------------------------------------------------------
     def _start_cohort(self, uids: list[str], tokens: Mapping[str, Sequence[int]]) -> None:
         kv = KVBatch(self.forward(), self.pad_id)
-        prefixes = [self._prompts[u][0] + list(tokens[u]) for u in uids]
         feats = [self._prompts[u][1] for u in uids] if self.use_audio else None
-        outs = kv.prefill(prefixes, [len(tokens[u]) for u in uids], feats)
+        # Sequences of one prompt (a GRPO group, or every text-LM context) share its prefill.
+        outs = kv.prefill_shared([self._prompts[u][0] for u in uids], feats, [list(tokens[u]) for u in uids])
         cohort = _Cohort(kv, list(uids))
         for uid, out in zip(uids, outs):
             self._cohort_of[uid] = cohort
@@ -124,3 +124,17 @@ class StreamingScorer:
     def _append(self, uid: str, predicting: torch.Tensor, new: list[int]) -> None:
         self._scores[uid].append(self.score(predicting, torch.as_tensor(new, dtype=torch.long)))
         self._consumed[uid] += len(new)
+
+
+def score_once(forward: Callable[[], ForwardFn], pad_id: int, score: ScoreFn, uids: Sequence[str],
+               prompts: Sequence[Sequence[int]], features: Sequence[AudioFeatures | None] | None,
+               responses: Sequence[Sequence[int]], max_batch_size: int = 64) -> list[torch.Tensor]:
+    """One-shot per-token scores of finished sequences, through the same shared-prompt
+    KV path as streaming: each prompt group's audio prompt is prefilled once, then its
+    responses are scored together (rather than n full forwards over prompt + response)."""
+    scorer = StreamingScorer(forward, pad_id, score, max_batch_size, use_audio=features is not None)
+    for i, uid in enumerate(uids):
+        scorer.register(uid, prompts[i], features[i] if features is not None else None)
+    scorer.feed(dict(zip(uids, responses)))
+    out = scorer.finish(uids)
+    return [out[u] for u in uids]

@@ -84,7 +84,7 @@ class RLRecipe:
             ensure_text_lm(cfg)   # trained on the corpus text once, then cached
         self.processor = load_processor(cfg.model.path)
         manifests = resolve_manifests(cfg.data, cfg.paths.output_root)
-        self.train_set = AsrDataset(manifests.train, cfg.data)
+        self.train_set = AsrDataset(manifests.rl_prompts, cfg.data)   # the prompts RL trains on
         self.dev_set = AsrDataset(manifests.dev, cfg.data)
         self.sampler = PromptSampler(len(self.train_set), cfg.seed)
 
@@ -184,8 +184,8 @@ class RLRecipe:
                                                    ckpt.read_driver_state(latest)["step"] if latest else None)) from exc
 
     # ---- one step ---------------------------------------------------------------------
-    def _group(self, index: int, step: int, item: dict | None = None):
-        uid = f"s{step}:{self.train_set.utterances[index].id}"
+    def _group(self, index: int, step: int, item: dict | None = None, uid: str | None = None):
+        uid = uid or f"s{step}:{self.train_set.utterances[index].id}"
         item = self.train_set[index] if item is None else item
         return build_group(self.processor, item, self.cfg.algorithm.n_samples_per_prompt, uid, step, index)
 
@@ -194,10 +194,13 @@ class RLRecipe:
         load is skipped (and counted) and the next one drawn."""
         groups = []
         while len(groups) < k:
-            for i in self.sampler.next(k - len(groups)):
+            for epoch, i in self.sampler.draw(k - len(groups)):
                 item = self.train_set.load(i)
                 if item is not None:
-                    groups.append(self._group(i, step, item))
+                    # The sampler epoch keeps uids unique when a prompt set smaller than
+                    # the buffer wraps inside one step (or a step is run again).
+                    uid = f"s{step}:e{epoch}:{self.train_set.utterances[i].id}"
+                    groups.append(self._group(i, step, item, uid))
         return groups
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -280,7 +283,7 @@ class RLRecipe:
         self.sync_weights(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         self.scheduler.load_state_dict(state["scheduler"],
-                                       lambda e: self._group(e["item_index"], e["entered_step"]))
+                                       lambda e: self._group(e["item_index"], e["entered_step"], uid=e["uid"]))
         log.info("resumed from %s (step %d)", path, state["step"])
         return state
 

@@ -71,8 +71,9 @@ class HFChunkedEngine(SequencePool):
         for start in range(0, len(self._live), self.max_batch_size):
             rows = self._live[start:start + self.max_batch_size]
             kv = KVBatch(forward, self.pad_id)
-            kv.prefill([s.request.prompt_ids + s.tokens for s in rows], [0] * len(rows),
-                       [s.request.features for s in rows])
+            # The samples of one prompt share its prefill (audio encoder included).
+            kv.prefill_shared([s.request.prompt_ids for s in rows], [s.request.features for s in rows],
+                              [s.tokens for s in rows])
             self._running.append(_Running(kv, rows))
 
     def _decode_rows(self, run: _Running, max_tokens: int | None) -> None:

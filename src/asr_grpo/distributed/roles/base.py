@@ -10,9 +10,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from asr_grpo.config.schema import RunConfig
-from asr_grpo.experience.losses import pack_items
-from asr_grpo.experience.tensors import unpad
-from asr_grpo.models.sequences import response_logprobs
+from asr_grpo.models.kv_batch import causal_lm_forward
+from asr_grpo.models.streaming import score_once, token_logprobs
 from asr_grpo.tracking import BusyClock
 
 
@@ -82,11 +81,8 @@ class ModelRole(BusyClock):
 
     @torch.no_grad()
     def _logprobs(self, model, items: Sequence, micro_batch: int) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        temperature = self.cfg.algorithm.temperature
-        for start in range(0, len(items), micro_batch):
-            chunk = items[start:start + micro_batch]
-            batch = pack_items(chunk, self.pad_id)
-            logp = response_logprobs(model, batch, temperature)
-            out.extend(unpad(logp, [len(it.response_ids) for it in chunk]))
-        return out
+        """Per-token log-probs of finished sequences, `micro_batch` sequences' KV caches
+        at a time; the samples of one prompt share its prefill (`score_once`)."""
+        return score_once(lambda: causal_lm_forward(model), self.pad_id, token_logprobs(self.cfg.algorithm.temperature),
+                         [it.uid for it in items], [it.prompt_ids for it in items], [it.features for it in items],
+                         [it.response_ids for it in items], max_batch_size=max(micro_batch, 1))

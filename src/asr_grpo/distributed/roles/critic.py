@@ -10,12 +10,11 @@ from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
 from asr_grpo.distributed.roles.base import ModelRole, join_process_group, rng_state, set_rng_state
 from asr_grpo.distributed.roles.streaming import StreamScoringRole
 from asr_grpo.distributed.roles.training import run_updates
-from asr_grpo.experience.losses import critic_loss, pack_items
-from asr_grpo.experience.tensors import unpad
+from asr_grpo.experience.losses import critic_loss
 from asr_grpo.experience.types import ExperienceItem, SequenceRef
 from asr_grpo.models import load_processor
-from asr_grpo.models.critic import ValueModel, response_values, value_forward
-from asr_grpo.models.streaming import StreamingScorer, identity_score
+from asr_grpo.models.critic import ValueModel, value_forward
+from asr_grpo.models.streaming import StreamingScorer, identity_score, score_once
 from asr_grpo.tracking import busy
 
 
@@ -40,15 +39,11 @@ class CriticRole(ModelRole, StreamScoringRole):
     @busy
     @torch.no_grad()
     def compute_values(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        mb = self.cfg.trainer.micro_batch_size
         with self.train_engine.gathered() as module:
             module.eval()
-            for start in range(0, len(seqs), mb):
-                chunk = seqs[start:start + mb]
-                values = response_values(module, pack_items(chunk, self.pad_id))
-                out.extend(unpad(values, [len(s.response_ids) for s in chunk]))
-        return out
+            return score_once(lambda: value_forward(module), self.pad_id, identity_score, [s.uid for s in seqs],
+                              [s.prompt_ids for s in seqs], [s.features for s in seqs],
+                              [s.response_ids for s in seqs], max_batch_size=self.cfg.trainer.micro_batch_size)
 
     @busy
     def train(self, items: list[ExperienceItem]) -> dict[str, float]:
