@@ -156,7 +156,8 @@ def test_samples_of_one_prompt_share_its_prefill(tiny_model, value_model, tiny_t
     for uid, prompt, feats, _ in sequences[:3]:
         for k in range(3):
             n = int(torch.randint(0, 12, (1,), generator=g))
-            groups.append((f"{uid}#{k}", prompt, feats, torch.randint(5, len(tiny_tokenizer), (n,), generator=g).tolist()))
+            response = torch.randint(5, len(tiny_tokenizer), (n,), generator=g).tolist()
+            groups.append((f"{uid}#{k}", prompt, feats, response))
     model = tiny_model if kind == "logprobs" else value_model
     base = causal_lm_forward(tiny_model) if kind == "logprobs" else value_forward(value_model)
     prefilled_rows = []
