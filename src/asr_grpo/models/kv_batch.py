@@ -69,11 +69,14 @@ class KVBatch:
         row is extended by its own continuation (a partial response, often empty).
         Returns per row the outputs predicting its continuation, as `prefill` does with
         `score_last`; equal to prefilling every row whole, up to float rounding."""
-        slot: dict[tuple, int] = {}
-        index = [slot.setdefault((id(features[i]) if features else None, tuple(p)), len(slot))
-                 for i, p in enumerate(prompts)]
-        first = {k: i for i, k in reversed(list(enumerate(index)))}
-        unique = [first[k] for k in range(len(slot))]
+        slot: dict[tuple, int] = {}   # (features object, prompt) -> row of the prefilled batch
+        unique, index = [], []        # first row of each distinct prompt; each row's prefilled row
+        for i, p in enumerate(prompts):
+            key = (id(features[i]) if features else None, tuple(p))
+            if key not in slot:
+                slot[key] = len(unique)
+                unique.append(i)
+            index.append(slot[key])
         self.prefill([prompts[i] for i in unique], [0] * len(unique),
                      [features[i] for i in unique] if features else None)
         if len(unique) < len(prompts):

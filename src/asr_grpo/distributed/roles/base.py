@@ -81,8 +81,13 @@ class ModelRole(BusyClock):
 
     @torch.no_grad()
     def _logprobs(self, model, items: Sequence, micro_batch: int) -> list[torch.Tensor]:
-        """Per-token log-probs of finished sequences, `micro_batch` sequences' KV caches
-        at a time; the samples of one prompt share its prefill (`score_once`)."""
-        return score_once(lambda: causal_lm_forward(model), self.pad_id, token_logprobs(self.cfg.algorithm.temperature),
-                         [it.uid for it in items], [it.prompt_ids for it in items], [it.features for it in items],
-                         [it.response_ids for it in items], max_batch_size=max(micro_batch, 1))
+        """Per-token log-probs of finished sequences."""
+        return self._score_sequences(lambda: causal_lm_forward(model), token_logprobs(self.cfg.algorithm.temperature),
+                                     items, micro_batch)
+
+    def _score_sequences(self, forward, score, items: Sequence, micro_batch: int) -> list[torch.Tensor]:
+        """Per-token scores of finished sequences (`SequenceRef`s), `micro_batch`
+        sequences' KV caches at a time; the samples of one prompt share its prefill."""
+        return score_once(forward, self.pad_id, score, [it.uid for it in items], [it.prompt_ids for it in items],
+                          [it.features for it in items], [it.response_ids for it in items],
+                          max_batch_size=max(micro_batch, 1))

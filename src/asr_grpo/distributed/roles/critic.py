@@ -14,7 +14,7 @@ from asr_grpo.experience.losses import critic_loss
 from asr_grpo.experience.types import ExperienceItem, SequenceRef
 from asr_grpo.models import load_processor
 from asr_grpo.models.critic import ValueModel, value_forward
-from asr_grpo.models.streaming import StreamingScorer, identity_score, score_once
+from asr_grpo.models.streaming import StreamingScorer, identity_score
 from asr_grpo.tracking import busy
 
 
@@ -41,9 +41,8 @@ class CriticRole(ModelRole, StreamScoringRole):
     def compute_values(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
         with self.train_engine.gathered() as module:
             module.eval()
-            return score_once(lambda: value_forward(module), self.pad_id, identity_score, [s.uid for s in seqs],
-                              [s.prompt_ids for s in seqs], [s.features for s in seqs],
-                              [s.response_ids for s in seqs], max_batch_size=self.cfg.trainer.micro_batch_size)
+            return self._score_sequences(lambda: value_forward(module), identity_score, seqs,
+                                         self.cfg.trainer.micro_batch_size)
 
     @busy
     def train(self, items: list[ExperienceItem]) -> dict[str, float]:
