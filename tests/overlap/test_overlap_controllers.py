@@ -180,7 +180,8 @@ def test_chunk_state_with_changed_schedule_keeps_choice_drops_open_round():
     assert new.chosen == 16
     new.observe(11, 16, 0.7)           # would close with 8 had the half round survived
     assert new.chosen == 16
-    assert new.state_dict()["timings"] == [[16, 0.7]]
+    # Step 11 is the new round's last trial step: the round closed on 16's timing alone.
+    assert new.state_dict()["timings"] == [] and new.last_trial == {16: 0.7}
 
 
 def test_chunk_from_config_and_dictconfig():
@@ -193,7 +194,8 @@ def test_chunk_from_config_and_dictconfig():
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"chunk_size": 16, "candidates": [], "trial_period": 5}, "empty"),
-    ({"chunk_size": 16, "candidates": [8, 0], "trial_period": 5}, ">= 1"),
+    ({"chunk_size": 16, "candidates": [8, -1], "trial_period": 5}, ">= 0"),
+    ({"chunk_size": 16, "candidates": [8], "trial_period": 5, "steps_per_candidate": 0}, "chunk_trial_steps"),
     ({"chunk_size": 16, "candidates": [8, 8], "trial_period": 5}, "duplicates"),
     ({"chunk_size": 0, "candidates": [8], "trial_period": 5}, "chunk_size=0"),
     ({"chunk_size": 16, "candidates": [8], "trial_period": -1}, "trial_period=-1"),
@@ -202,6 +204,17 @@ def test_chunk_from_config_and_dictconfig():
 def test_chunk_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ChunkSizeController(**kwargs)
+
+
+def test_warmup_steps_are_never_trials_and_the_median_decides():
+    ctrl = ChunkSizeController(chunk_size=16, candidates=[0, 8], trial_period=10, warmup_steps=2,
+                               steps_per_candidate=3)
+    # step 2..4 try "no streaming" (0), 5..7 try 8; one outlier step must not decide.
+    seconds = {2: 2.0, 3: 2.1, 4: 9.0, 5: 1.0, 6: 5.0, 7: 5.5}
+    used = drive(ctrl, range(12), lambda step, chunk: seconds.get(step, 3.0))
+    assert used == [16, 16, 0, 0, 0, 8, 8, 8, 0, 0, 0, 0]
+    assert ctrl.last_trial == {0: 2.1, 8: 5.0} and ctrl.chosen == 0
+    assert not ctrl.in_trial(0) and not ctrl.in_trial(1) and ctrl.in_trial(12)
 
 
 # ---------------------------------------------------------------- Δ

@@ -11,6 +11,7 @@ CHOICES = {
     "algorithm.loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"),
     "overlap.mode": ("none", "intra", "inter", "oppo"),
     "overlap.delta_rule": ("additive", "proportional"),
+    "overlap.controller": ("cost_model", "trial"),
     "rollout.engine": ("hf", "vllm"),
     "rollout.sync_backend": ("auto", "gloo", "nccl"),
     "placement.name": ("colocate", "separate"),
@@ -83,8 +84,15 @@ def config_problems(cfg: Any) -> list[str]:
          f"algorithm.dual_clip={algo.dual_clip}: must be > 1 (or null to disable)")
 
     need(ov.chunk_size >= 1, f"overlap.chunk_size={ov.chunk_size}: must be >= 1")
-    need(len(ov.chunk_candidates) > 0 and all(c >= 1 for c in ov.chunk_candidates),
-         f"overlap.chunk_candidates={list(ov.chunk_candidates)}: need at least one value, all >= 1")
+    need(len(ov.chunk_candidates) > 0 and all(c >= 0 for c in ov.chunk_candidates),
+         f"overlap.chunk_candidates={list(ov.chunk_candidates)}: need at least one value, all >= 0 (0: no streaming)")
+    need(ov.stop_check_every >= 1, f"overlap.stop_check_every={ov.stop_check_every}: must be >= 1")
+    need(ov.chunk_trial_warmup >= 0 and ov.chunk_trial_steps >= 1,
+         f"overlap.chunk_trial_warmup={ov.chunk_trial_warmup} / overlap.chunk_trial_steps={ov.chunk_trial_steps}: "
+         "need warmup >= 0 and steps >= 1")
+    need(ov.cost_model_warmup >= 1 and 0 <= ov.cost_model_margin < 1,
+         f"overlap.cost_model_warmup={ov.cost_model_warmup} / overlap.cost_model_margin={ov.cost_model_margin}: "
+         "need warmup >= 1 and 0 <= margin < 1")
     need(0 <= ov.delta_min <= ov.delta_max,
          f"overlap.delta_min={ov.delta_min} / overlap.delta_max={ov.delta_max}: need 0 <= delta_min <= delta_max")
     need(ov.delta_min <= ov.delta_init <= ov.delta_max,

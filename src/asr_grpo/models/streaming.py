@@ -107,6 +107,14 @@ class StreamingScorer:
         self._prompts = {}
         self.reset_caches()
 
+    def retain(self, uids) -> None:
+        """Forget every sequence but `uids` (their caches and partial scores stay)."""
+        keep = set(uids)
+        self.finish([u for u in self._prompts if u not in keep])
+
+    def registered(self) -> list[str]:
+        return list(self._prompts)
+
     # ---- internals -----------------------------------------------------------------
     def _start_cohort(self, uids: list[str], tokens: Mapping[str, Sequence[int]]) -> None:
         kv = KVBatch(self.forward(), self.pad_id)

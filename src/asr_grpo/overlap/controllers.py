@@ -11,6 +11,7 @@ makes exactly the decisions an uninterrupted one would have made.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -26,49 +27,61 @@ def _as_int(name: str, value: Any) -> int:
 
 
 class ChunkSizeController:
-    """Chooses the decode chunk size online.
+    """Chooses the decode chunk size online by periodic trials (the OPPO paper's rule).
 
-    Steps count from 0. A trial round starts at step 0 and every `trial_period` steps
-    after; during a round candidate i is used at the round's i-th step. Once the round's
-    latencies are in, the fastest candidate is used until the next round.
+    Steps count from 0; the first `warmup_steps` (model loading, first-call costs) are
+    never trials. A trial round starts then and every `trial_period` steps after; in a
+    round each candidate runs `steps_per_candidate` consecutive steps, and the candidate
+    with the least *median* step time is used until the next round (one step is too
+    noisy a measure: steps vary by 2x). Candidate 0 means "no streaming".
     """
 
-    def __init__(self, *, chunk_size: int, candidates: Sequence[int], trial_period: int):
+    def __init__(self, *, chunk_size: int, candidates: Sequence[int], trial_period: int,
+                 warmup_steps: int = 0, steps_per_candidate: int = 1):
         chunk_size = _as_int("chunk_size", chunk_size)
         trial_period = _as_int("trial_period", trial_period)
+        warmup_steps = _as_int("chunk_trial_warmup", warmup_steps)
+        steps_per_candidate = _as_int("chunk_trial_steps", steps_per_candidate)
         candidates = [_as_int("chunk_candidates[]", c) for c in candidates]
         if chunk_size < 1:
             raise ValueError(f"chunk_size={chunk_size}: must be >= 1")
         if not candidates:
             raise ValueError("chunk_candidates is empty: need at least one chunk size")
-        if min(candidates) < 1:
-            raise ValueError(f"chunk_candidates={candidates}: every chunk size must be >= 1")
+        if min(candidates) < 0:
+            raise ValueError(f"chunk_candidates={candidates}: every chunk size must be >= 0 (0: no streaming)")
         if len(set(candidates)) != len(candidates):
             raise ValueError(f"chunk_candidates={candidates}: contains duplicates")
         if trial_period < 0:
             raise ValueError(f"trial_period={trial_period}: must be >= 0 (0 disables trials)")
+        if warmup_steps < 0 or steps_per_candidate < 1:
+            raise ValueError(f"chunk_trial_warmup={warmup_steps} must be >= 0 and "
+                             f"chunk_trial_steps={steps_per_candidate} >= 1")
         self.chunk_size = chunk_size
         self.candidates = candidates
         self.trial_period = trial_period
-        # P shorter than a round (n candidates): restarting at every multiple of P would
-        # cut each round short, and no round could ever compare all candidates. Trials
-        # take precedence: a round always runs to completion, and rounds start every
-        # P * ceil(n / P) steps, the smallest multiple of P that holds a whole round.
+        self.warmup, self.per_candidate = warmup_steps, steps_per_candidate
+        # P shorter than a round (n candidates x m steps): restarting at every multiple
+        # of P would cut each round short, and no round could ever compare all
+        # candidates. Trials take precedence: a round always runs to completion, and
+        # rounds start every P * ceil(n*m / P) steps, the smallest multiple of P that
+        # holds a whole round.
         n = len(candidates)
-        self._period = -(-n // trial_period) * trial_period if trial_period else 0
+        self._length = n * steps_per_candidate
+        self._period = -(-self._length // trial_period) * trial_period if trial_period else 0
         # One candidate: a trial could only pick it, so skip trials and use it outright.
         self._trials = trial_period > 0 and n > 1
         self._chosen = candidates[0] if n == 1 else chunk_size
         self._round: int | None = None       # round whose timings are being collected
         self._closed = -1                    # last round closed; later reports for it are dropped
-        self._timings: dict[int, float] = {}
+        self._timings: dict[int, list[float]] = {}
         self._last_trial: dict[int, float] = {}
 
     @classmethod
     def from_config(cls, cfg: Any) -> ChunkSizeController:
         """From an `OverlapConfig` or a DictConfig with the same fields."""
         return cls(chunk_size=cfg.chunk_size, candidates=list(cfg.chunk_candidates),
-                   trial_period=cfg.chunk_trial_period)
+                   trial_period=cfg.chunk_trial_period, warmup_steps=cfg.chunk_trial_warmup,
+                   steps_per_candidate=cfg.chunk_trial_steps)
 
     @property
     def chosen(self) -> int:
@@ -77,7 +90,7 @@ class ChunkSizeController:
 
     @property
     def last_trial(self) -> dict[int, float]:
-        """Seconds per candidate measured in the last completed round (for logging)."""
+        """Median seconds per candidate measured in the last completed round (for logging)."""
         return dict(self._last_trial)
 
     @property
@@ -85,15 +98,23 @@ class ChunkSizeController:
         """Steps between the starts of two trial rounds (0: no trials)."""
         return self._period if self._trials else 0
 
-    def in_trial(self, step: int) -> bool:
+    def _position(self, step: int) -> tuple[int, int] | None:
+        """(round, position in it) of a trial step; None outside trials."""
         if step < 0:
             raise ValueError(f"step={step}: must be >= 0")
-        return self._trials and step % self._period < len(self.candidates)
+        if not self._trials or step < self.warmup:
+            return None
+        rnd, pos = divmod(step - self.warmup, self._period)
+        return (rnd, pos) if pos < self._length else None
+
+    def in_trial(self, step: int) -> bool:
+        return self._position(step) is not None
 
     def chunk_for_step(self, step: int) -> int:
         """The chunk size for `step`: a pure function of `step` and observed history."""
-        if self.in_trial(step):
-            return self.candidates[step % self._period]
+        at = self._position(step)
+        if at is not None:
+            return self.candidates[at[1] // self.per_candidate]
         return self._chosen
 
     def observe(self, step: int, chunk: int, seconds: float) -> None:
@@ -104,29 +125,30 @@ class ChunkSizeController:
         """
         if step < 0:
             raise ValueError(f"step={step}: must be >= 0")
-        if not self._trials:
+        if not self._trials or step < self.warmup:
             return
-        rnd, pos = divmod(step, self._period)
-        trial = pos < len(self.candidates)
+        rnd, pos = divmod(step - self.warmup, self._period)
+        trial = pos < self._length
         if self._round is not None and (rnd > self._round or (rnd == self._round and not trial)):
             self._close_round()
         if not trial or rnd <= self._closed or (self._round is not None and rnd < self._round):
             return  # not a trial step, or a late report from a round already over
-        expected = self.candidates[pos]
+        expected = self.candidates[pos // self.per_candidate]
         if chunk != expected:
             raise ValueError(f"step {step} is a trial step for chunk size {expected}, got chunk={chunk}")
         if not math.isfinite(seconds) or seconds < 0:
             return  # a broken timing says nothing about the candidate's speed
         self._round = rnd
-        self._timings[chunk] = float(seconds)
-        if len(self._timings) == len(self.candidates):
+        self._timings.setdefault(chunk, []).append(float(seconds))
+        if pos == self._length - 1:
             self._close_round()
 
     def _close_round(self) -> None:
         if self._timings:
+            medians = {c: statistics.median(t) for c, t in self._timings.items()}
             # Ties go to the earlier candidate, keeping the choice deterministic.
-            self._chosen = min(self.candidates, key=lambda c: self._timings.get(c, math.inf))
-            self._last_trial = dict(self._timings)
+            self._chosen = min(self.candidates, key=lambda c: medians.get(c, math.inf))
+            self._last_trial = medians
         self._closed = self._round
         self._round, self._timings = None, {}
 
@@ -136,21 +158,25 @@ class ChunkSizeController:
             "round": self._round,
             "closed": self._closed,
             # Pairs rather than int-keyed dicts: survives a JSON round trip unchanged.
-            "timings": [[c, s] for c, s in self._timings.items()],
+            "timings": [[c, list(s)] for c, s in self._timings.items()],
             "last_trial": [[c, s] for c, s in self._last_trial.items()],
             "candidates": list(self.candidates),
             "trial_period": self.trial_period,
+            "warmup": self.warmup, "per_candidate": self.per_candidate,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._chosen = _as_int("chosen", state["chosen"])
         self._last_trial = {int(c): float(s) for c, s in state["last_trial"]}
         same_schedule = (list(state["candidates"]) == self.candidates
-                         and state["trial_period"] == self.trial_period)
+                         and state["trial_period"] == self.trial_period
+                         and state.get("warmup", 0) == self.warmup
+                         and state.get("per_candidate", 1) == self.per_candidate)
         if same_schedule:
             self._round = state["round"]
             self._closed = state["closed"]
-            self._timings = {int(c): float(s) for c, s in state["timings"]}
+            self._timings = {int(c): [float(x) for x in (s if isinstance(s, list) else [s])]
+                             for c, s in state["timings"]}
         else:
             # The config changed on resume: round indices and a half-done round no longer
             # match the new schedule, so drop them; the next round starts clean.

@@ -4,9 +4,12 @@
 - intra: decode `chunk` tokens at a time; after each chunk the new tokens go to the
          streaming scorers (their own Ray actors), which prefill them while the actor
          decodes the next chunk. The experience is the same as `none`'s.
-- inter: keep a FIFO buffer of B + Δ prompt groups, decode until B groups are finished,
-         train on those, carry the rest (with every token they have) into the next step.
-- oppo:  both, with the chunk size and Δ chosen online by the controllers.
+- inter: keep a buffer of B + Δ prompt groups and decode until B groups are finished:
+         the hosts check after every decode round (`overlap.stop_check_every`), apart
+         from the chunk size, which only sets how often tokens stream. Train on the
+         first B to finish, carry the rest (with every token they have) into the next step.
+- oppo:  both, with the chunk size and Δ chosen each step by a planner
+         (`overlap.controller`: `cost_model`, or the paper's periodic `trial`).
 
 Rollout hosts (policy ranks or rollout workers) keep the live sequences between steps;
 this driver-side object keeps the latest state of every sequence, which is what a
@@ -22,14 +25,15 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import ray
 import torch
 
 from asr_grpo.distributed.faults import is_actor_death
 from asr_grpo.experience.types import PromptGroup, SequenceRef
-from asr_grpo.overlap.controllers import ChunkSizeController, DeltaController, staleness_histogram
+from asr_grpo.overlap.controllers import staleness_histogram
+from asr_grpo.overlap.planners import StepObservation, StepPlan, make_planner, merge_decode_stats
 from asr_grpo.rollout.types import RolloutRequest, SequenceResult
 
 log = logging.getLogger(__name__)
@@ -43,7 +47,7 @@ class BufferedGroup:
     group: PromptGroup
     host: int
     samples: dict[str, SequenceResult] = field(default_factory=dict)
-    finished_round: int | None = None   # decode round in which its last sample finished
+    finished_tick: int | None = None   # decode round (of the run) in which its last sample finished
 
     @property
     def done(self) -> bool:
@@ -56,24 +60,31 @@ class BufferedGroup:
 class StreamedScores:
     """What one streaming scorer returns for the sequences trained on this step. Which
     sequences it covers is known at once; `get()` waits for its last chunks, so the
-    caller can start other work (the actor's old log-probs) while the scorers drain."""
+    caller can start other work (the actor's old log-probs) while the scorers drain.
+    `stash` (frozen scorers only) receives the scores of sequences that finished this
+    step but are trained later, so they are not computed twice."""
 
-    def __init__(self, uids: set[str], pending: list):
-        self.uids, self._pending, self._scores = uids, pending, None
+    def __init__(self, uids: set[str], pending: list, known: dict[str, torch.Tensor] | None = None,
+                 stash: dict[str, torch.Tensor] | None = None, resolve: Callable = ray.get):
+        self.uids, self._pending, self._scores = uids | set(known or {}), pending, None
+        self._resolve = resolve
+        self._known, self._stash = dict(known or {}), stash
         self.lost_calls = 0   # calls a scorer restart lost: their sequences are missing from get()
 
     def get(self) -> dict[str, torch.Tensor]:
         if self._scores is None:
-            merged: dict[str, torch.Tensor] = {}
+            merged: dict[str, torch.Tensor] = dict(self._known)
             for ref in self._pending:
                 try:
-                    merged.update(ray.get(ref))
+                    merged.update(self._resolve(ref))
                 except Exception as exc:
                     if not is_actor_death(exc):
                         raise
                     self.lost_calls += 1
             if self.lost_calls:
                 log.warning("a streaming scorer restarted: %d of its calls were lost", self.lost_calls)
+            if self._stash is not None:
+                self._stash.update({u: v for u, v in merged.items() if u not in self.uids})
             self._scores = {u: merged[u] for u in self.uids if u in merged}
         return self._scores
 
@@ -88,85 +99,134 @@ class StepRollout:
 
 class RolloutScheduler:
     def __init__(self, overlap_cfg, prompts_per_step: int, hosts, scorers: dict | None = None,
-                 restore_host: Callable[[int], None] | None = None):
+                 restore_host: Callable[[int], None] | None = None, frozen_scorers: Iterable[str] = (),
+                 stream_hidden_prior: float = 0.0, resolve: Callable = ray.get):
         self.mode = overlap_cfg.mode
         if self.mode not in MODES:
             raise ValueError(f"overlap.mode={self.mode!r}: expected one of {', '.join(MODES)}")
         self.streaming, self.overcommit = MODES[self.mode]
         self.B, self.hosts = prompts_per_step, hosts
+        # How a call's result is awaited: ray.get, or the forecast's simulated clock.
+        self._get = resolve
         # Puts the current weights on a restarted host; None: a host's death is fatal.
         self.restore_host = restore_host
         self.host_restarts = 0
         self.scorers = dict(scorers or {}) if self.streaming else {}
-        adaptive = self.mode == "oppo"
-        self.chunk_ctrl = ChunkSizeController.from_config(overlap_cfg) if adaptive else None
-        self.delta_ctrl = DeltaController.from_config(overlap_cfg) if adaptive else None
-        self.fixed_chunk = None if self.mode == "none" else overlap_cfg.chunk_size
-        self.fixed_delta = overlap_cfg.delta_init if self.mode == "inter" else 0
+        # Scorers whose weights never change (reference, reward model) keep the caches
+        # of carried sequences across steps; the others re-prefill them.
+        self.frozen = set(frozen_scorers) & set(self.scorers)
+        self.planner = make_planner(overlap_cfg, prompts_per_step, stream_hidden_prior)
+        self.stop_check_every = int(overlap_cfg.stop_check_every)
         self.buffer: list[BufferedGroup] = []
-        self.round = 0
-        self._rounds_last_step = 0
+        self.round = 0   # decode calls so far
+        self.tick = 0    # decode rounds (one token for every live sequence) so far
         self.counts = {"groups_entered": 0, "groups_trained": 0}
         self.ledger: dict[str, list] | None = None   # set to {} to record every group (tests)
+        self._plan: StepPlan | None = None
+        self._step_info: dict = {}
         self._registered: set[tuple[str, str]] = set()   # (scorer, sequence uid)
         self._pending: dict[str, list] = {name: [] for name in self.scorers}       # this step's calls
         self._finishing: dict[str, set[str]] = {name: set() for name in self.scorers}  # finished this step
+        self._stash: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self.frozen}
 
     # ---- knobs -----------------------------------------------------------------------
-    def chunk_for(self, step: int) -> int | None:
-        return self.chunk_ctrl.chunk_for_step(step) if self.chunk_ctrl else self.fixed_chunk
-
-    @property
-    def delta(self) -> int:
-        return self.delta_ctrl.delta if self.delta_ctrl else self.fixed_delta
+    def plan_for(self, step: int) -> StepPlan:
+        plan = self.planner.plan(step)
+        # The mode bounds what a planner may ask for: no streaming without scorers to
+        # stream to, no overcommit outside inter/oppo.
+        return StepPlan(plan.chunk if self.streaming and self.scorers else None,
+                        plan.delta if self.overcommit else 0, plan.predicted_s)
 
     # ---- one step ----------------------------------------------------------------------
     def rollout(self, step: int, new_groups: Callable[[int], list[PromptGroup]]) -> StepRollout:
         """Refill the buffer to B + Δ, decode until B groups are finished (all of them
         without overcommit), hand those over; the rest stays for the next step."""
         t0 = time.monotonic()
-        chunk, delta = self.chunk_for(step), self.delta
+        plan = self._plan = self.plan_for(step)
+        chunk, delta = plan.chunk, plan.delta
+        self._begin_scorers(streaming=chunk is not None)
         want = self.B + delta - len(self.buffer)
-        if self.scorers:
-            # Scorer caches live for one step: carried sequences are re-prefilled in the
-            # next one. The critic's weights changed anyway, and this is what makes a run
-            # resumed from a checkpoint score exactly like the uninterrupted run.
-            ray.get([ref for g in self.scorers.values() for ref in g.call("reset_stream_caches")])
-            self._registered.clear()
         if want > 0:
             self._admit(new_groups(want))
-        rounds = 0
+        rounds = ticks = rows = 0
         while not self._enough():
-            per_host = [r or [] for r in self._gather(self.hosts.call("decode", chunk))]
-            self.round, rounds = self.round + 1, rounds + 1
+            before = {s.uid: len(s.tokens) for e in self.buffer for s in e.samples.values()}
+            quotas = self._quotas()
+            per_host = [r or [] for r in self._gather(
+                [self.hosts.call_rank(h, "decode", chunk, quotas[h], self.stop_check_every)
+                 for h in range(self.hosts.world_size)])]
             touched = [r for results in per_host for r in results]
-            self._record(touched)
-            if self.streaming:
+            gained = {r.uid: len(r.tokens) - before.get(r.uid, 0) for r in touched}
+            self.round, rounds = self.round + 1, rounds + 1
+            self._record(touched, gained)
+            call_ticks = max(gained.values(), default=0)
+            self.tick, ticks, rows = self.tick + call_ticks, ticks + call_ticks, rows + sum(gained.values())
+            if chunk is not None:
                 self._stream(touched)
         t_decoded = time.monotonic()
-        self._rounds_last_step = rounds
         chosen = self._select()
         streamed = self._hand_over_streamed(chosen)
         results = {e.group.uid: e.results() for e in chosen}
         staleness = [step - min(s.versions) for rs in results.values() for s in rs if s.versions]
+        carried_unfinished = sum(not e.done for e in self.buffer)
+        self._step_info = {"decoded": ticks > 0, "samples": sum(len(rs) for rs in results.values()),
+                           "lengths": [[len(s.tokens) for s in rs] for rs in results.values()],
+                           "decode_s": t_decoded - t0}
         metrics = {"overlap/chunk": float(chunk or 0), "overlap/delta": float(delta),
                    "overlap/buffer_groups": float(len(self.buffer) + len(chosen)),
                    "overlap/carried_groups": float(len(self.buffer)),
-                   "overlap/decode_rounds": float(rounds),
+                   "overlap/carried_unfinished_groups": float(carried_unfinished),
+                   "overlap/decode_calls": float(rounds), "overlap/decode_rounds": float(ticks),
+                   "overlap/rows_decoded": float(rows),
                    "perf/time/rollout_decode": t_decoded - t0,
                    **staleness_histogram(staleness)}
+        if plan.predicted_s is not None:
+            metrics["overlap/predicted_step_s"] = plan.predicted_s
         return StepRollout([e.group for e in chosen], results, streamed, metrics)
 
-    def end_step(self, step: int, chunk: int | None, step_seconds: float, mean_reward: float) -> None:
-        """Feed the controllers what this step measured."""
-        # A step that decoded nothing (enough groups were already finished) says
-        # nothing about the chunk size it was given.
-        if self.chunk_ctrl is not None and chunk and self._rounds_last_step:
-            self.chunk_ctrl.observe(step, chunk, step_seconds)
-        if self.delta_ctrl is not None:
-            self.delta_ctrl.observe(mean_reward)
+    def end_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Feed the planner what this step measured (phase times from `metrics`, decode
+        costs from the hosts); returns the planner's own metrics to log."""
+        stats = merge_decode_stats(self._get(self.hosts.call("take_decode_stats"))) if self.planner.wants_costs else {}
+        obs = StepObservation(step=step, plan=self._plan or StepPlan(None, 0), step_s=metrics.get("perf/time/step", 0.0),
+                              rollout_s=metrics.get("perf/time/rollout", 0.0),
+                              scoring_s=metrics.get("perf/time/scoring_wall", 0.0),
+                              training_s=metrics.get("perf/time/training", 0.0),
+                              decode_stats=stats, trained_lengths=self._step_info.get("lengths", []),
+                              samples=self._step_info.get("samples", 0),
+                              mean_reward=metrics.get("reward/total", float("nan")),
+                              decoded=self._step_info.get("decoded", False))
+        return self.planner.observe(obs)
 
     # ---- internals -----------------------------------------------------------------------
+    def _begin_scorers(self, streaming: bool) -> None:
+        """At a step's start each scorer keeps the caches of the carried sequences it
+        has seen (frozen scorers) or their registrations only (weights changed: it
+        re-prefills them), and forgets the rest. A scorer Ray restarted has nothing:
+        it reports what it kept, and the rest is registered again when streamed."""
+        if not self.scorers:
+            return
+        live = {s.uid for e in self.buffer for s in e.samples.values() if not s.done} if streaming else set()
+        names, refs = [], []
+        for name, group in self.scorers.items():
+            keep = sorted(u for (n, u) in self._registered if n == name and u in live)
+            names += [name] * group.world_size
+            refs += group.call("begin_step", keep, name not in self.frozen)
+        kept = self._get(refs)
+        self._registered = {(name, u) for name, uids in zip(names, kept) for u in uids}
+
+    def _quotas(self) -> list[int | None]:
+        """Per host, the groups whose completion ends its decode call: with overcommit
+        the B - finished groups still needed, spread over the hosts by their share of
+        unfinished groups (one host: exactly the first B to finish); else None."""
+        world = self.hosts.world_size
+        if not self.overcommit:
+            return [None] * world
+        needed = self.B - sum(e.done for e in self.buffer)
+        open_by_host = [sum(1 for e in self.buffer if e.host == h and not e.done) for h in range(world)]
+        total = sum(open_by_host)
+        return [min(o, max(1, -(-needed * o // total))) if o else None for o in open_by_host]
+
     def _admit(self, groups: list[PromptGroup]) -> None:
         world = self.hosts.world_size
         # New groups go to the host with the fewest unfinished groups: carried
@@ -189,7 +249,7 @@ class RolloutScheduler:
         out = []
         for rank, ref in enumerate(refs):
             try:
-                out.append(ray.get(ref))
+                out.append(self._get(ref))
             except Exception as exc:
                 if not is_actor_death(exc) or self.restore_host is None:
                     raise
@@ -202,8 +262,8 @@ class RolloutScheduler:
         log.warning("rollout host %d died or restarted (%s): restoring its weights and re-issuing its "
                     "%d unfinished sequences", rank, type(cause).__name__, len(reqs))
         self.restore_host(rank)
-        ray.get(self.hosts.call_rank(rank, "resume_sequences", reqs, parts))
-        ray.get(self.hosts.call_rank(rank, "mark_restored"))
+        self._get(self.hosts.call_rank(rank, "resume_sequences", reqs, parts))
+        self._get(self.hosts.call_rank(rank, "mark_restored"))
         self.host_restarts += 1
 
     @staticmethod
@@ -222,7 +282,7 @@ class RolloutScheduler:
         finished = sum(e.done for e in self.buffer)
         return finished >= self.B if self.overcommit else finished == len(self.buffer)
 
-    def _record(self, touched: list[SequenceResult]) -> None:
+    def _record(self, touched: list[SequenceResult], gained: dict[str, int]) -> None:
         by_uid = {e.group.uid: e for e in self.buffer}
         for r in touched:
             entry = by_uid[r.group]
@@ -231,17 +291,20 @@ class RolloutScheduler:
                 raise RuntimeError(f"sequence {r.uid} lost tokens between decode rounds")
             entry.samples[r.uid] = r
         for e in self.buffer:
-            if e.finished_round is None and e.done:
-                e.finished_round = self.round
+            if e.finished_tick is None and e.done:
+                # Rows advance in lock step, so the tokens a sample gained in this call
+                # say in which round of it the sample (and with the last, the group) ended.
+                e.finished_tick = self.tick + max((gained.get(s.uid, 0) for s in e.samples.values()), default=0)
 
     def _select(self) -> list[BufferedGroup]:
-        """The first B finished groups (by round, then buffer order); FIFO for the rest."""
-        finished = sorted((e for e in self.buffer if e.done),
-                          key=lambda e: (e.finished_round, self.buffer.index(e)))
+        """The first B finished groups (by the round they finished in, then buffer
+        order); FIFO for the rest."""
+        position = {id(e): i for i, e in enumerate(self.buffer)}
+        finished = sorted((e for e in self.buffer if e.done), key=lambda e: (e.finished_tick, position[id(e)]))
         chosen = finished[:self.B] if self.overcommit else finished
         ids = {id(e) for e in chosen}
         self.buffer = [e for e in self.buffer if id(e) not in ids]
-        chosen.sort(key=lambda e: (e.finished_round, e.group.entered_step))
+        chosen.sort(key=lambda e: (e.finished_tick, e.group.entered_step))
         self.counts["groups_trained"] += len(chosen)
         if self.ledger is not None:
             self.ledger.setdefault("trained", []).append([e.group.uid for e in chosen])
@@ -270,42 +333,49 @@ class RolloutScheduler:
             for rank in range(world):
                 if feed[rank] or register[rank]:
                     self._pending[name].append(
-                        scorer.handles[rank].stream.remote(register[rank], feed[rank], finish[rank]))
+                        scorer.call_rank(rank, "stream", register[rank], feed[rank], finish[rank]))
 
     def _hand_over_streamed(self, chosen: list[BufferedGroup]) -> dict[str, StreamedScores]:
-        """This step's scorer calls go to the experience maker. Only sequences that
-        finished during this step are covered: a group that finished earlier but waited
-        is scored again when trained on, with that step's weights (as serially)."""
+        """This step's scorer calls go to the experience maker. Sequences that finished
+        during this step are covered, and for frozen scorers also those that finished
+        earlier while their group waited (their scores were kept). A waiting sequence
+        of a scorer whose weights change is scored again when trained on, with that
+        step's weights (as serially)."""
         uids = [s.uid for e in chosen for s in e.results()]
-        out = {name: StreamedScores({u for u in uids if u in self._finishing[name]}, self._pending[name])
-               for name in self.scorers}
+        out = {}
+        for name in self.scorers:
+            stash = self._stash.get(name)
+            known = {u: stash.pop(u) for u in uids if stash is not None and u in stash}
+            out[name] = StreamedScores({u for u in uids if u in self._finishing[name]}, self._pending[name],
+                                       known, stash, self._get)
+        if self._stash:   # what no carried group still waits for (a scorer restart, a drop) goes
+            waiting = {s.uid for e in self.buffer for s in e.samples.values() if s.done}
+            for stash in self._stash.values():
+                for u in [u for u in stash if u not in waiting]:
+                    del stash[u]
         self._pending = {name: [] for name in self.scorers}
         self._finishing = {name: set() for name in self.scorers}
         return out
 
     # ---- checkpoint state ---------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"round": self.round, "counts": dict(self.counts),
-                "chunk_ctrl": self.chunk_ctrl.state_dict() if self.chunk_ctrl else None,
-                "delta_ctrl": self.delta_ctrl.state_dict() if self.delta_ctrl else None,
+        return {"round": self.round, "tick": self.tick, "counts": dict(self.counts),
+                "planner": self.planner.state_dict(),
                 "buffer": [{"uid": e.group.uid, "item_index": e.group.item_index,
                             "entered_step": e.group.entered_step, "host": e.host,
-                            "finished_round": e.finished_round,
+                            "finished_tick": e.finished_tick,
                             "samples": {u: dataclasses.asdict(s) for u, s in e.samples.items()}}
                            for e in self.buffer]}
 
     def load_state_dict(self, state: dict, rebuild: Callable[[dict], PromptGroup]) -> None:
         """Restore the buffer; unfinished sequences go back to their hosts with their
         partial tokens. `rebuild(entry)` makes a PromptGroup from a saved buffer entry."""
-        self.round, self.counts = state["round"], dict(state["counts"])
-        if self.chunk_ctrl and state["chunk_ctrl"]:
-            self.chunk_ctrl.load_state_dict(state["chunk_ctrl"])
-        if self.delta_ctrl and state["delta_ctrl"]:
-            self.delta_ctrl.load_state_dict(state["delta_ctrl"])
+        self.round, self.tick, self.counts = state["round"], state.get("tick", 0), dict(state["counts"])
+        self.planner.load_state_dict(state["planner"])
         self.buffer = [BufferedGroup(rebuild(saved), saved["host"] % self.hosts.world_size,
                                      {u: SequenceResult(**s) for u, s in saved["samples"].items()},
-                                     saved["finished_round"])
+                                     saved["finished_tick"])
                        for saved in state["buffer"]]
         per_host = [self._unfinished([e for e in self.buffer if e.host == h]) for h in range(self.hosts.world_size)]
-        ray.get([self.hosts.call_rank(h, "resume_sequences", reqs, parts)
+        self._get([self.hosts.call_rank(h, "resume_sequences", reqs, parts)
                  for h, (reqs, parts) in enumerate(per_host) if reqs])

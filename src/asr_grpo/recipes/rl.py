@@ -117,7 +117,8 @@ class RLRecipe:
         scorers = {name: g for name, g in (("ref", self.ref), ("values", self.critic), ("lm", self.reward_model))
                    if g is not None}
         self.scheduler = RolloutScheduler(cfg.overlap, cfg.trainer.prompts_per_step, hosts, scorers,
-                                          restore_host=self._restore_rollout_worker if self.rollout_group else None)
+                                          restore_host=self._restore_rollout_worker if self.rollout_group else None,
+                                          frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg))
         self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward,
                                      self.reward_model)
         self.placement = {g.role: g.placement_report() for g in self.groups}
@@ -205,7 +206,6 @@ class RLRecipe:
 
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.monotonic()
-        chunk = self.scheduler.chunk_for(step)
         rollout = self.scheduler.rollout(step, lambda k: self._new_groups(k, step))
         if self.rollout_group is not None and self.cfg.rollout.sleep_level:
             ray.get(self.rollout_group.call("sleep"))   # colocated vLLM frees the GPU for training
@@ -229,7 +229,7 @@ class RLRecipe:
                         "perf/time/sync": sync_s,
                         "perf/time/step": step_s, "charts/num_sequences": float(len(items)),
                         **self.utilization(step_s), **self.fault_metrics()})
-        self.scheduler.end_step(step, chunk, step_s, metrics.get("reward/total", float("nan")))
+        metrics.update(self.scheduler.end_step(step, metrics))
         return metrics
 
     def utilization(self, wall_s: float) -> dict[str, float]:
@@ -335,6 +335,17 @@ class RLRecipe:
 
             remove_placement_group(self.pg)
         shutdown_ray()
+
+
+def stream_hidden_prior(cfg) -> float:
+    """The cost model's first guess at how much streamed scoring the decode hides: none
+    where the scorers share the actor's CPU cores, half on a shared GPU, all where the
+    scorers have GPUs of their own. The run's own streaming steps refine it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0.0
+    return 0.5 if cfg.placement.colocate else 1.0
 
 
 def mean_over_ranks(outs: list[dict[str, float]]) -> dict[str, float]:

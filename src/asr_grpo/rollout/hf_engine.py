@@ -7,12 +7,13 @@ a carried-over sequence then continues under the new weights, as OPPO specifies.
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
 
 from asr_grpo.models.kv_batch import KVBatch, causal_lm_forward
-from asr_grpo.rollout.pool import SequencePool
+from asr_grpo.rollout.pool import GroupQuota, SequencePool
 from asr_grpo.rollout.sampling import sample_tokens
 from asr_grpo.rollout.types import SamplingParams, SequenceState
 
@@ -52,53 +53,72 @@ class HFChunkedEngine(SequencePool):
 
     # ---- decoding ------------------------------------------------------------------
     @torch.no_grad()
-    def decode(self, max_tokens: int | None = None) -> list[SequenceState]:
-        """Advance every live sequence by up to `max_tokens` (None: to the end); returns
-        the sequences advanced (finished ones move to `pop_finished`)."""
+    def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
+               stop_check_every: int = 1) -> list[SequenceState]:
+        """Advance every live sequence by up to `max_tokens` (None: to the end); with
+        `stop_after_groups=k`, stop as soon as k prompt groups have completed in this
+        call (checked every `stop_check_every` rounds). Returns the sequences advanced
+        (finished ones move to `pop_finished`). Every batch advances one token per
+        round, so a sequence's tokens gained in a call say when in the call it finished."""
         if self._running is None:
             self._rebuild()
         touched = [s for run in self._running for s in run.rows if not s.done]
-        for run in self._running:
-            self._decode_rows(run, max_tokens)
-        self._running = [run for run in self._running if any(not s.done for s in run.rows)]
+        quota = GroupQuota(touched, stop_after_groups) if stop_after_groups is not None else None
+        budget = self.sampling.max_new_tokens if max_tokens is None else max_tokens
+        for tick in range(budget):
+            t0 = time.perf_counter()
+            rows = sum(self._decode_round(run, quota) for run in self._running)
+            if not rows:
+                break
+            self.stats.add_round(rows, time.perf_counter() - t0)
+            self._running = [run for run in self._running if any(not s.done for s in run.rows)]
+            if quota is not None and quota.met and (tick + 1) % stop_check_every == 0:
+                break
         self._retire_finished()
         return touched
 
     def _rebuild(self) -> None:
+        t0 = time.perf_counter()
         self._running = []
         self._finish_at_budget(self.sampling.max_new_tokens)
         forward = causal_lm_forward(self.model)
+        tokens = 0
         for start in range(0, len(self._live), self.max_batch_size):
             rows = self._live[start:start + self.max_batch_size]
             kv = KVBatch(forward, self.pad_id)
             # The samples of one prompt share its prefill (audio encoder included).
             kv.prefill_shared([s.request.prompt_ids for s in rows], [s.request.features for s in rows],
                               [s.tokens for s in rows])
+            prompts = {(id(s.request.features), len(s.request.prompt_ids)) for s in rows}
+            tokens += sum(n for _, n in prompts) + sum(len(s.tokens) for s in rows)
             self._running.append(_Running(kv, rows))
+        self.stats.add_prefill(tokens, time.perf_counter() - t0)
 
-    def _decode_rows(self, run: _Running, max_tokens: int | None) -> None:
+    def _decode_round(self, run: _Running, quota: GroupQuota | None) -> int:
+        """One token for every unfinished row of `run`; returns the rows advanced."""
         sp = self.sampling
-        for _ in range(sp.max_new_tokens if max_tokens is None else max_tokens):
-            active = [i for i, s in enumerate(run.rows) if not s.done]
-            if not active:
-                return
-            seqs = [run.rows[i] for i in active]
-            tokens, logprobs = sample_tokens(run.kv.last[active], sp.temperature, sp.top_p, sp.seed,
-                                             suppress=self.suppress, uids=[s.request.uid for s in seqs],
-                                             positions=[len(s.tokens) for s in seqs])
-            new: list[list[int]] = [[] for _ in run.rows]
-            for j, (i, s) in enumerate(zip(active, seqs)):
-                tok = int(tokens[j])
-                s.tokens.append(tok)
-                s.logprobs.append(float(logprobs[j]))
-                s.versions.append(self._version)
-                if tok in self.eos:
-                    s.finish_reason = "stop"
-                elif len(s.tokens) >= sp.max_new_tokens:
-                    s.finish_reason = "length"
-                else:
-                    new[i] = [tok]   # a finished row needs no further forward
-            if not any(new):
-                return
+        active = [i for i, s in enumerate(run.rows) if not s.done]
+        if not active:
+            return 0
+        seqs = [run.rows[i] for i in active]
+        tokens, logprobs = sample_tokens(run.kv.last[active], sp.temperature, sp.top_p, sp.seed,
+                                         suppress=self.suppress, uids=[s.request.uid for s in seqs],
+                                         positions=[len(s.tokens) for s in seqs])
+        new: list[list[int]] = [[] for _ in run.rows]
+        for i, s, tok, lp in zip(active, seqs, tokens.tolist(), logprobs.tolist()):
+            s.tokens.append(tok)
+            s.logprobs.append(lp)
+            s.versions.append(self._version)
+            if tok in self.eos:
+                s.finish_reason = "stop"
+            elif len(s.tokens) >= sp.max_new_tokens:
+                s.finish_reason = "length"
+            else:
+                new[i] = [tok]   # a finished row needs no further forward
+                continue
+            if quota is not None:
+                quota.finished(s)
+        if any(new):
             run.kv.extend(new)
             run.compact()
+        return len(active)

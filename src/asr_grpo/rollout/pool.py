@@ -1,8 +1,58 @@
 """The sequence bookkeeping every chunked engine shares: live and finished sequences,
-and the policy version that new tokens are stamped with."""
+the policy version that new tokens are stamped with, the group quota a decode call
+may stop at, and the measured cost of decoding."""
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass, field
+
 from asr_grpo.rollout.types import RolloutRequest, SequenceState
+
+
+class GroupQuota:
+    """Stops a decode call once `needed` prompt groups have completed in it: a group
+    completes when the last of its live sequences finishes (its other samples finished
+    earlier or on another call). OPPO's overcommit trains on the first B groups to
+    finish, so the engine can stop the moment B are done, whatever the chunk size."""
+
+    def __init__(self, live: list[SequenceState], needed: int):
+        self.needed = needed
+        self._open = Counter(s.request.group for s in live if not s.done)
+        self.completed = 0
+
+    def finished(self, seq: SequenceState) -> None:
+        group = seq.request.group
+        self._open[group] -= 1
+        if self._open[group] == 0:
+            self.completed += 1
+
+    @property
+    def met(self) -> bool:
+        return self.completed >= self.needed
+
+
+@dataclass
+class DecodeStats:
+    """What decoding cost on this engine since the last `take`: seconds per decode
+    round binned by how many rows it advanced, and the prefill work (rebuilds, carried
+    sequences re-prefilled). A cost model fits round(rows) = a + b * rows from it."""
+    rounds: dict[int, list[float]] = field(default_factory=dict)   # rows -> [count, seconds]
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+
+    def add_round(self, rows: int, seconds: float, count: int = 1) -> None:
+        """`count` rounds at `rows` rows took `seconds` together."""
+        slot = self.rounds.setdefault(rows, [0, 0.0])
+        slot[0] += count
+        slot[1] += seconds
+
+    def add_prefill(self, tokens: int, seconds: float) -> None:
+        self.prefill_tokens += tokens
+        self.prefill_seconds += seconds
+
+    def as_dict(self) -> dict:
+        return {"rounds": {int(r): list(v) for r, v in self.rounds.items()},
+                "prefill_tokens": self.prefill_tokens, "prefill_seconds": self.prefill_seconds}
 
 
 class SequencePool:
@@ -10,6 +60,7 @@ class SequencePool:
         self._version = 0
         self._live: list[SequenceState] = []
         self._finished: list[SequenceState] = []
+        self.stats = DecodeStats()
 
     def _invalidate(self) -> None:
         """Hook: whatever an engine cached for its live sequences is stale now."""
@@ -45,6 +96,11 @@ class SequencePool:
         out = self.pop_finished() + self._live
         self._live = []
         self._invalidate()
+        return out
+
+    def take_stats(self) -> dict:
+        """The decode cost measured since the last call (and reset)."""
+        out, self.stats = self.stats.as_dict(), DecodeStats()
         return out
 
     def _retire_finished(self) -> None:

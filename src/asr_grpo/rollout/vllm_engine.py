@@ -24,13 +24,14 @@ the request building and the bookkeeping are tested on machines without it.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
 from asr_grpo.models.sequences import AudioFeatures
-from asr_grpo.rollout.pool import SequencePool
+from asr_grpo.rollout.pool import GroupQuota, SequencePool
 from asr_grpo.rollout.sampling import token_seed
 from asr_grpo.rollout.types import SamplingParams, SequenceState
 
@@ -134,18 +135,33 @@ class VLLMChunkedEngine(SequencePool):
         return self.llm.generate([r.prompt for r in requests], [self._make_params(**r.params) for r in requests],
                                  use_tqdm=False)
 
-    def decode(self, max_tokens: int | None = None) -> list[SequenceState]:
+    def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
+               stop_check_every: int = 1) -> list[SequenceState]:
         """Advance every live sequence by up to `max_tokens` (None: to the end) in one
-        `generate`; returns the sequences advanced (finished ones move to `pop_finished`)."""
+        `generate`; returns the sequences advanced (finished ones move to `pop_finished`).
+        With `stop_after_groups=k`, generate `stop_check_every` tokens at a time and stop
+        once k prompt groups have completed (each slice is a prefix-cached continuation)."""
         self._finish_at_budget(self.sampling.max_new_tokens)
         seqs = list(self._live)
         if not seqs:
             return []
-        requests = [continuation_request(s, self.sampling, max_tokens, self.eos, self.suppress, self.audio_token_id)
-                    for s in seqs]
-        for seq, out in zip(seqs, self._generate(requests), strict=True):
-            apply_completion(seq, out.outputs[0], self._version, self.sampling.max_new_tokens, self.eos)
-        self._retire_finished()
+        budget = self.sampling.max_new_tokens if max_tokens is None else max_tokens
+        quota = GroupQuota(seqs, stop_after_groups) if stop_after_groups is not None else None
+        step = budget if quota is None else max(1, stop_check_every)
+        done = 0
+        while done < budget and self._live and not (quota is not None and quota.met):
+            n = min(step, budget - done)
+            live = list(self._live)
+            t0 = time.perf_counter()
+            requests = [continuation_request(s, self.sampling, n, self.eos, self.suppress, self.audio_token_id)
+                        for s in live]
+            for seq, out in zip(live, self._generate(requests), strict=True):
+                apply_completion(seq, out.outputs[0], self._version, self.sampling.max_new_tokens, self.eos)
+                if quota is not None and seq.done:
+                    quota.finished(seq)
+            self.stats.add_round(len(live), time.perf_counter() - t0, count=n)
+            self._retire_finished()
+            done += n
         return seqs
 
     def score(self, items: Sequence) -> list[torch.Tensor]:

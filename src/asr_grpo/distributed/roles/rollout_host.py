@@ -33,16 +33,22 @@ class RolloutHost(RestartAware):
         return len(self.engine.live())
 
     @busy
-    def decode(self, max_tokens: int | None = None) -> list[SequenceResult]:
-        """Advance every live sequence; returns the state of each sequence touched
-        (finished ones included, so nothing needs `pop_finished` afterwards)."""
+    def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
+               stop_check_every: int = 1) -> list[SequenceResult]:
+        """Advance every live sequence (up to `max_tokens`, or until `stop_after_groups`
+        groups completed); returns the state of each sequence touched (finished ones
+        included, so nothing needs `pop_finished` afterwards)."""
         self.refuse_if_restarted("its live sequences and weights")
         model = getattr(self.engine, "model", None)   # the HF engine's; vLLM has none here
         if model is not None:
             model.eval()
-        touched = [s.result() for s in self.engine.decode(max_tokens)]
+        touched = [s.result() for s in self.engine.decode(max_tokens, stop_after_groups, stop_check_every)]
         self.engine.pop_finished()
         return touched
+
+    def take_decode_stats(self) -> dict:
+        """Decode-round and prefill costs measured since the last call (cost model input)."""
+        return self.engine.take_stats()
 
     def num_live(self) -> int:
         return len(self.engine.live())

@@ -4,7 +4,7 @@ per-token scores of the sequences that finished.
 
 After a restart (Ray restarts these roles) the caches are gone, and Ray may run the
 calls it retries in another order than they were sent: until the driver's next step
-starts (`reset_stream_caches`) every `stream` call raises `WorkerRestarted`, and the
+starts (`begin_step`) every `stream` call raises `WorkerRestarted`, and the
 driver scores the sequences of those calls again in one shot."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import os
 import torch
 
 from asr_grpo.distributed.faults import RestartAware
+from asr_grpo.distributed.roles.base import phase
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models.streaming import StreamingScorer
 from asr_grpo.tracking import busy
@@ -41,6 +42,7 @@ class StreamScoringRole(RestartAware):
         return contextlib.nullcontext()
 
     @busy
+    @phase("shared")   # beside the decode
     def stream(self, register: list[SequenceRef], feed: dict[str, list[int]],
                finish: list[str]) -> dict[str, torch.Tensor]:
         self.refuse_if_restarted("its streaming caches")
@@ -51,8 +53,13 @@ class StreamScoringRole(RestartAware):
                 self.scorer.feed(feed)
             return self.stream_result(self.scorer.finish(finish))
 
-    def reset_stream_caches(self) -> None:
-        """A new step: the driver registers every sequence it streams again, so nothing
-        is kept (a sequence whose `finish` a restart lost would stay registered)."""
-        self.scorer.clear()
+    def begin_step(self, keep: list[str], weights_changed: bool) -> list[str]:
+        """A new step: keep the carried sequences `keep` (their KV caches too, unless
+        this scorer's weights changed: then they are re-prefilled when next fed) and
+        forget every other (a sequence whose `finish` a restart lost would stay
+        registered). Returns what it kept: after a restart, nothing."""
+        self.scorer.retain(keep)
+        if weights_changed:
+            self.scorer.reset_caches()
         self.mark_restored()
+        return self.scorer.registered()

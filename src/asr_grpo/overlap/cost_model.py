@@ -1,0 +1,255 @@
+"""A cost model of one RL step under overlap: what a decode round, a scorer token, a
+trained sample cost, and how long responses are; from it, the predicted step time for
+any chunk size and overcommit degree Δ.
+
+The same module serves the `cost_model` overlap controller (fitted online from the
+run's own timings) and the forecast (fitted from a finished run, a roofline, or a
+measured table). Everything here is plain Python on numbers: no Ray, no torch.
+
+The step, as the model sees it:
+
+    step = decode + exposed scoring + training + fixed
+    decode  = Σ_rounds (a + b · live rows) + p · carried tokens re-prefilled
+    scoring = s0 + s · tokens of the trained sequences; streaming (chunk c) moves all
+              but the last chunk of it into the decode, where a share `hidden` of it
+              is hidden (0 where scorers and actor share the same cores), and adds
+              `call` seconds per streaming call
+    training = t · trained samples;  fixed = sync and everything else
+
+Decode rounds and rows come from simulating the overcommit buffer with response lengths
+drawn from the observed groups: with B + Δ groups in flight the step ends when B are
+done, and the others carry their tokens into the next step.
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Sequence
+
+
+HIDDEN_RATE = 1 / 3   # how far one streaming step moves the estimate of the hidden share
+
+
+@dataclass
+class CostProfile:
+    round_fixed_s: float = 0.0         # a: a decode round's cost whatever the rows
+    round_per_row_s: float = 0.0       # b: each live row's share of a round
+    prefill_per_token_s: float = 0.0   # p: re-prefilling a carried token when the step starts
+    score_fixed_s: float = 0.0         # s0: scoring's cost per step that no overlap hides (reward, old log-probs' start)
+    score_per_token_s: float = 0.0     # s: scorer work per response token of a trained sequence
+    stream_hidden: float = 0.0         # share of streamed scorer work that decode hides (0..1)
+    stream_call_s: float = 0.0         # overhead of one streaming call (per decode call)
+    train_per_sample_s: float = 0.0    # t: old log-probs' remainder, update, per trained sample
+    step_fixed_s: float = 0.0          # weight sync and everything else per step
+
+    def round_s(self, rows: int) -> float:
+        return self.round_fixed_s + self.round_per_row_s * rows if rows else 0.0
+
+
+@dataclass
+class StepShape:
+    """What a step does, averaged over simulated steps: the inputs to `predict`."""
+    rounds: float          # decode rounds (forward passes of the actor)
+    row_rounds: float      # Σ live rows over those rounds (tokens decoded)
+    carried_tokens: float  # partial tokens re-prefilled at the step's start
+    trained_tokens: float  # response tokens of the trained sequences
+    carried_groups: float  # groups carried with unfinished samples
+    wasted_rows: float = 0.0   # rows decoded for nothing (always 0: carried work is kept)
+
+
+def simulate_buffer(groups: Sequence[Sequence[int]], B: int, delta: int, steps: int = 24,
+                    seed: int = 0, wait_all: bool = False) -> StepShape:
+    """Steady-state shape of a step with B + Δ groups in flight, lengths drawn (seeded,
+    so the same inputs give the same answer) from `groups` (each the response lengths
+    of one group's samples). `wait_all`: the serial rule (decode every group to its end).
+    The first third of the steps (the buffer filling) is not averaged."""
+    if not groups:
+        raise ValueError("simulate_buffer: no observed groups to draw lengths from")
+    rng = random.Random(seed)
+    buffer: list[list[int]] = []   # per group, the tokens each sample still has to decode
+    done: list[list[int]] = []     # per group, the tokens each sample already holds
+    burn = steps // 3
+    total = StepShape(0, 0, 0, 0, 0)
+    for step in range(steps):
+        while len(buffer) < B + delta:
+            g = list(rng.choice(groups))
+            buffer.append(g)
+            done.append([0] * len(g))
+        carried = sum(sum(d) for d, g in zip(done, buffer) if max(g) > 0)
+        finish = [max(g) for g in buffer]
+        k = len(buffer) if wait_all else min(B, len(buffer))
+        order = sorted(range(len(buffer)), key=lambda i: (finish[i], i))
+        horizon = finish[order[k - 1]]
+        rows = sum(min(r, horizon) for g in buffer for r in g)
+        chosen = set(order[:k])
+        trained = sum(d + r for i in chosen for d, r in zip(done[i], buffer[i]))
+        still = [i for i in range(len(buffer)) if i not in chosen]
+        carried_groups = sum(1 for i in still if finish[i] > horizon)
+        buffer, done = ([[max(0, r - horizon) for r in buffer[i]] for i in still],
+                        [[d + min(r, horizon) for d, r in zip(done[i], buffer[i])] for i in still])
+        if step >= burn:
+            for name, value in (("rounds", horizon), ("row_rounds", rows), ("carried_tokens", carried),
+                                ("trained_tokens", trained), ("carried_groups", carried_groups)):
+                setattr(total, name, getattr(total, name) + value)
+    n = steps - burn
+    return StepShape(*(getattr(total, f) / n for f in ("rounds", "row_rounds", "carried_tokens",
+                                                       "trained_tokens", "carried_groups")))
+
+
+@dataclass
+class Prediction:
+    step_s: float
+    decode_s: float
+    scoring_s: float
+    training_s: float
+    fixed_s: float
+    shape: StepShape
+
+    def per_sample(self, samples: int) -> float:
+        return self.step_s / max(1, samples)
+
+
+def predict(costs: CostProfile, shape: StepShape, samples: int, chunk: int | None,
+            mean_length: float) -> Prediction:
+    """Step time for a step of `shape` training `samples` sequences, streaming every
+    `chunk` tokens (None: no streaming)."""
+    decode = (costs.round_fixed_s * shape.rounds + costs.round_per_row_s * shape.row_rounds
+              + costs.prefill_per_token_s * shape.carried_tokens)
+    work = costs.score_per_token_s * shape.trained_tokens
+    scoring = costs.score_fixed_s + work
+    if chunk:
+        # After decode ends, the last chunk of every sequence is still to score: on
+        # average half a chunk, never more than the sequence.
+        tail = min(1.0, 0.5 * chunk / max(1.0, mean_length))
+        streamed = work * (1.0 - tail)
+        hidden = min(costs.stream_hidden * streamed, decode)
+        calls = math.ceil(shape.rounds / chunk) if shape.rounds else 0
+        scoring = costs.score_fixed_s + work - hidden + costs.stream_call_s * calls
+    training = costs.train_per_sample_s * samples
+    return Prediction(decode + scoring + training + costs.step_fixed_s, decode, scoring, training,
+                      costs.step_fixed_s, shape)
+
+
+@dataclass
+class Choice:
+    chunk: int | None
+    delta: int
+    predicted: Prediction
+
+
+def best_plan(costs: CostProfile, groups: Sequence[Sequence[int]], B: int, chunks: Iterable[int | None],
+              deltas: Iterable[int], margin: float = 0.03) -> tuple[Choice, dict]:
+    """The (chunk, Δ) with the least predicted time per trained sample. The serial plan
+    (no streaming, Δ = 0) wins unless another beats it by more than `margin` (a share
+    of the serial step): a prediction within the model's error is no reason to overlap.
+    Returns the choice and every candidate's predicted step seconds."""
+    n = max(1, round(sum(len(g) for g in groups) / len(groups)))
+    samples = B * n
+    mean_len = sum(sum(g) for g in groups) / max(1, sum(len(g) for g in groups))
+    shapes = {d: simulate_buffer(groups, B, d) for d in sorted(set(deltas) | {0})}
+    table = {}
+    for d, shape in shapes.items():
+        for c in [None, *(c for c in chunks if c)]:
+            table[(c, d)] = predict(costs, shape, samples, c, mean_len)
+    serial = table[(None, 0)]
+    best = min(table, key=lambda k: (table[k].step_s, k[1], k[0] or 0))
+    if table[best].step_s > serial.step_s * (1.0 - margin):
+        best = (None, 0)
+    return Choice(best[0], best[1], table[best]), {f"{c or 0}/{d}": p.step_s for (c, d), p in table.items()}
+
+
+@dataclass
+class CostFitter:
+    """Fits a `CostProfile` online from what each step measured. Older observations
+    fade (`decay` per step) so the fit follows a run whose costs drift."""
+    decay: float = 0.9
+    stream_hidden_prior: float = 0.0
+    max_groups: int = 256
+    # weighted sums for round(rows) = a + b * rows: Σw, Σw·r, Σw·r², Σw·y, Σw·r·y
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)
+    _prefill: list[float] = field(default_factory=lambda: [0.0, 0.0])   # tokens, seconds
+    _serial: dict[str, float] = field(default_factory=dict)             # per-step averages of serial steps
+    _hidden: float | None = None
+    groups: deque = field(default_factory=deque)
+
+    def observe_decode(self, stats: dict) -> None:
+        """Decode-round and prefill costs from the rollout hosts (`take_decode_stats`)."""
+        self._sums = [x * self.decay for x in self._sums]
+        for rows, (count, secs) in stats.get("rounds", {}).items():
+            r = float(rows)
+            for i, v in enumerate((count, count * r, count * r * r, secs, secs * r)):
+                self._sums[i] += v
+        self._prefill = [self._prefill[0] * self.decay + stats.get("prefill_tokens", 0),
+                         self._prefill[1] * self.decay + stats.get("prefill_seconds", 0.0)]
+
+    def observe_lengths(self, groups: Iterable[Sequence[int]]) -> None:
+        """Response lengths of the trained groups (every group is trained eventually, so
+        over steps this is the unbiased distribution even under overcommit)."""
+        for g in groups:
+            self.groups.append(tuple(int(x) for x in g))
+            while len(self.groups) > self.max_groups:
+                self.groups.popleft()
+
+    def observe_step(self, *, streamed: bool, decode_s: float, scoring_s: float, training_s: float,
+                     fixed_s: float, samples: int, trained_tokens: int, predicted_decode_s: float | None = None,
+                     streamed_work_s: float | None = None) -> None:
+        """Phase times of a finished step. Serial steps fit scoring and training costs;
+        a streaming step measures how much of the streamed work decode really hid."""
+        if not streamed:
+            obs = {"score_per_token": scoring_s / max(1, trained_tokens),
+                   "train_per_sample": training_s / max(1, samples), "fixed": fixed_s}
+            for k, v in obs.items():
+                old = self._serial.get(k)
+                self._serial[k] = v if old is None else self.decay * old + (1 - self.decay) * v
+            return
+        if predicted_decode_s is None or not streamed_work_s:
+            return
+        serial_scoring = self._serial.get("score_per_token", 0.0) * trained_tokens
+        # Saved scoring time, less what the decode slowed down by, over the work streamed.
+        gain = (serial_scoring - scoring_s) - max(0.0, decode_s - predicted_decode_s)
+        seen = min(1.0, max(0.0, gain / streamed_work_s))
+        # Moves from the prior a third of the way per streaming step: one noisy step
+        # must not end streaming for good (a planner that stops streaming stops measuring).
+        before = self.stream_hidden_prior if self._hidden is None else self._hidden
+        self._hidden = before + HIDDEN_RATE * (seen - before)
+
+    @property
+    def ready(self) -> bool:
+        return self._sums[0] > 0 and bool(self._serial) and bool(self.groups)
+
+    def profile(self) -> CostProfile:
+        w, wr, wrr, wy, wry = self._sums
+        var = w * wrr - wr * wr
+        if w <= 0:
+            a = b = 0.0
+        elif var <= 1e-12 * max(1.0, w * wrr):   # one row count only: all of it per row
+            a, b = 0.0, wy / wr if wr else 0.0
+        else:
+            b = (w * wry - wr * wy) / var
+            a = (wy - b * wr) / w
+            if a < 0:
+                a, b = 0.0, wry / wrr
+            elif b < 0:
+                a, b = wy / w, 0.0
+        tokens, secs = self._prefill
+        return CostProfile(round_fixed_s=a, round_per_row_s=b,
+                           prefill_per_token_s=secs / tokens if tokens else 0.0,
+                           score_per_token_s=self._serial.get("score_per_token", 0.0),
+                           stream_hidden=self.stream_hidden_prior if self._hidden is None else self._hidden,
+                           train_per_sample_s=self._serial.get("train_per_sample", 0.0),
+                           step_fixed_s=self._serial.get("fixed", 0.0))
+
+    def state_dict(self) -> dict:
+        return {"sums": list(self._sums), "prefill": list(self._prefill), "serial": dict(self._serial),
+                "hidden": self._hidden, "groups": [list(g) for g in self.groups]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._sums, self._prefill = list(state["sums"]), list(state["prefill"])
+        self._serial, self._hidden = dict(state["serial"]), state["hidden"]
+        self.groups = deque((tuple(g) for g in state["groups"]), maxlen=None)
+
+
+def profile_dict(costs: CostProfile) -> dict:
+    return asdict(costs)

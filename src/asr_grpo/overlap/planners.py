@@ -1,0 +1,187 @@
+"""What each step runs with: the chunk size (None: no streaming) and the overcommit Δ.
+
+* `FixedPlanner`: the configured values (`none`, `intra`, `inter`).
+* `TrialPlanner`: the OPPO paper's controllers (`overlap.controller=trial`): chunk by
+  periodic trials, Δ by the slope of the reward.
+* `CostModelPlanner` (`overlap.controller=cost_model`, the default for `oppo`): fits a
+  cost model from the run's own timings and picks the (chunk, Δ) with the least
+  predicted time per trained sample; the reward-slope rule bounds Δ from above (it
+  guards convergence, the cost model guards speed). It runs serial steps until its
+  fit is ready, and stays serial unless overlap is predicted to pay.
+
+Every planner carries its whole state in `state_dict()`: a resumed run plans as the
+uninterrupted run would have from the same measurements.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from asr_grpo.overlap.controllers import ChunkSizeController, DeltaController
+from asr_grpo.overlap.cost_model import CostFitter, best_plan, predict, simulate_buffer
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    chunk: int | None                  # tokens per streaming call; None: no streaming
+    delta: int                         # groups admitted beyond B
+    predicted_s: float | None = None   # the planner's forecast of the step (cost model)
+
+
+@dataclass
+class StepObservation:
+    """What a finished step measured, as a planner needs it."""
+    step: int
+    plan: StepPlan
+    step_s: float
+    rollout_s: float
+    scoring_s: float
+    training_s: float
+    decode_stats: dict = field(default_factory=dict)   # merged `take_decode_stats` of the hosts
+    trained_lengths: list[list[int]] = field(default_factory=list)   # response lengths per trained group
+    samples: int = 0
+    mean_reward: float = float("nan")
+    decoded: bool = True
+
+
+def merge_decode_stats(parts: list[dict]) -> dict:
+    """The hosts' decode stats as one (rounds binned by live rows, summed)."""
+    rounds: dict[int, list[float]] = {}
+    tokens, secs = 0, 0.0
+    for part in parts:
+        for rows, (count, s) in part.get("rounds", {}).items():
+            slot = rounds.setdefault(int(rows), [0, 0.0])
+            slot[0] += count
+            slot[1] += s
+        tokens += part.get("prefill_tokens", 0)
+        secs += part.get("prefill_seconds", 0.0)
+    return {"rounds": rounds, "prefill_tokens": tokens, "prefill_seconds": secs}
+
+
+def decode_seconds(stats: dict) -> float:
+    return sum(s for _, s in stats.get("rounds", {}).values()) + stats.get("prefill_seconds", 0.0)
+
+
+class FixedPlanner:
+    wants_costs = False
+
+    def __init__(self, chunk: int | None, delta: int):
+        self._plan = StepPlan(chunk, delta)
+
+    def plan(self, step: int) -> StepPlan:
+        return self._plan
+
+    def observe(self, obs: StepObservation) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class TrialPlanner:
+    """The paper's two controllers side by side."""
+    wants_costs = False
+
+    def __init__(self, cfg):
+        self.chunk_ctrl = ChunkSizeController.from_config(cfg)
+        self.delta_ctrl = DeltaController.from_config(cfg)
+
+    def plan(self, step: int) -> StepPlan:
+        return StepPlan(self.chunk_ctrl.chunk_for_step(step) or None, self.delta_ctrl.delta)
+
+    def observe(self, obs: StepObservation) -> dict[str, float]:
+        # A step that decoded nothing (enough groups were already finished) says
+        # nothing about the chunk size it was given.
+        if obs.decoded:
+            self.chunk_ctrl.observe(obs.step, obs.plan.chunk or 0, obs.step_s)
+        self.delta_ctrl.observe(obs.mean_reward)
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"chunk_ctrl": self.chunk_ctrl.state_dict(), "delta_ctrl": self.delta_ctrl.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("chunk_ctrl"):
+            self.chunk_ctrl.load_state_dict(state["chunk_ctrl"])
+        if state.get("delta_ctrl"):
+            self.delta_ctrl.load_state_dict(state["delta_ctrl"])
+
+
+class CostModelPlanner:
+    wants_costs = True
+
+    def __init__(self, cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0):
+        self.B = prompts_per_step
+        self.chunks = sorted({int(c) for c in cfg.chunk_candidates if int(c) > 0})
+        self.warmup = int(cfg.cost_model_warmup)
+        self.margin = float(cfg.cost_model_margin)
+        self.delta_bound = DeltaController.from_config(cfg)
+        self.fitter = CostFitter(stream_hidden_prior=stream_hidden_prior)
+        self.last_table: dict[str, float] = {}
+
+    def plan(self, step: int) -> StepPlan:
+        if step < self.warmup or not self.fitter.ready:
+            return StepPlan(None, 0)
+        choice, self.last_table = best_plan(self.fitter.profile(), list(self.fitter.groups), self.B,
+                                            [None, *self.chunks], range(self.delta_bound.delta + 1), self.margin)
+        return StepPlan(choice.chunk, choice.delta, choice.predicted.step_s)
+
+    def observe(self, obs: StepObservation) -> dict[str, float]:
+        self.delta_bound.observe(obs.mean_reward)
+        out = {"overlap/delta_bound": float(self.delta_bound.delta)}
+        if obs.step < 1 or not obs.decoded:   # step 0 pays start-up costs; an idle step fits nothing
+            return out
+        fitter = self.fitter
+        trained_tokens = sum(sum(g) for g in obs.trained_lengths)
+        decode_s = decode_seconds(obs.decode_stats)
+        streamed = obs.plan.chunk is not None
+        predicted_decode = streamed_work = None
+        if streamed and fitter.ready:
+            costs = fitter.profile()
+            shape = simulate_buffer(list(fitter.groups), self.B, obs.plan.delta)
+            mean_len = trained_tokens / max(1, obs.samples)
+            serial_like = predict(costs, shape, obs.samples, None, mean_len)
+            predicted_decode = serial_like.decode_s
+            streamed_work = costs.score_per_token_s * trained_tokens
+        fitter.observe_decode(obs.decode_stats)
+        fitter.observe_lengths(obs.trained_lengths)
+        fitter.observe_step(streamed=streamed, decode_s=decode_s, scoring_s=obs.scoring_s,
+                            training_s=obs.training_s, fixed_s=max(0.0, obs.step_s - decode_s - obs.scoring_s
+                                                                   - obs.training_s),
+                            samples=obs.samples, trained_tokens=trained_tokens,
+                            predicted_decode_s=predicted_decode, streamed_work_s=streamed_work)
+        costs = fitter.profile()
+        out.update({"overlap/cost/round_fixed_ms": 1e3 * costs.round_fixed_s,
+                    "overlap/cost/round_per_row_ms": 1e3 * costs.round_per_row_s,
+                    "overlap/cost/stream_hidden": costs.stream_hidden,
+                    "overlap/cost/measured_step_s": obs.step_s})
+        if obs.plan.predicted_s is not None and math.isfinite(obs.plan.predicted_s):
+            out["overlap/cost/prediction_error"] = obs.plan.predicted_s / obs.step_s - 1.0 if obs.step_s else 0.0
+        return out
+
+    def state_dict(self) -> dict:
+        return {"fitter": self.fitter.state_dict(), "delta_ctrl": self.delta_bound.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("fitter"):
+            self.fitter.load_state_dict(state["fitter"])
+        if state.get("delta_ctrl"):
+            self.delta_bound.load_state_dict(state["delta_ctrl"])
+
+
+def make_planner(cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0):
+    """The planner for `cfg.mode` (and, for oppo, `cfg.controller`)."""
+    if cfg.mode == "none":
+        return FixedPlanner(None, 0)
+    if cfg.mode == "intra":
+        return FixedPlanner(int(cfg.chunk_size), 0)
+    if cfg.mode == "inter":
+        return FixedPlanner(None, int(cfg.delta_init))
+    if cfg.controller == "trial":
+        return TrialPlanner(cfg)
+    if cfg.controller == "cost_model":
+        return CostModelPlanner(cfg, prompts_per_step, stream_hidden_prior)
+    raise ValueError(f"overlap.controller={cfg.controller!r}: expected cost_model or trial")
