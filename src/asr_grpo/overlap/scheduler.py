@@ -152,10 +152,11 @@ class RolloutScheduler:
         while not self._enough():
             before = {s.uid: len(s.tokens) for e in self.buffer for s in e.samples.values()}
             quotas = self._quotas()
-            per_host = [r or [] for r in self._gather(
-                [self.hosts.call_rank(h, "decode", chunk, quotas[h], self.stop_check_every)
-                 for h in range(self.hosts.world_size)])]
-            touched = [r for results in per_host for r in results]
+            replies = self._gather([self.hosts.call_rank(h, "decode", chunk, quotas[h], self.stop_check_every)
+                                    for h in range(self.hosts.world_size)])
+            touched = [r for results in replies for r in results or []]
+            if not touched and None not in replies:
+                self._lost_sequences()
             gained = {r.uid: len(r.tokens) - before.get(r.uid, 0) for r in touched}
             self.round, rounds = self.round + 1, rounds + 1
             self._record(touched, gained)
@@ -277,6 +278,14 @@ class RolloutScheduler:
                     reqs.append(req)
                     parts.append(seen or SequenceResult(req.uid, req.group, [], [], [], None))
         return reqs, parts
+
+    def _lost_sequences(self) -> None:
+        """No host advanced anything while groups wait unfinished: a host no longer
+        holds their sequences. Waiting would never end; say which and stop."""
+        lost = [s.uid for s in self._unfinished(self.buffer)[1]]
+        raise RuntimeError(f"rollout hosts hold none of the {len(lost)} unfinished sequences the step waits for "
+                           f"(e.g. {', '.join(lost[:4])}): a host dropped them. Restart the run from its last "
+                           "checkpoint (trainer.resume=true); the checkpoint holds their tokens")
 
     def _enough(self) -> bool:
         finished = sum(e.done for e in self.buffer)

@@ -38,9 +38,8 @@ class HFChunkedEngine(SequencePool):
     def __init__(self, model, eos_token_ids: Sequence[int], pad_token_id: int,
                  sampling: SamplingParams, max_batch_size: int = 64,
                  suppress_token_ids: Sequence[int] = ()):
-        super().__init__()
+        super().__init__(sampling.max_new_tokens, {int(t) for t in eos_token_ids})
         self.model = model
-        self.eos = set(int(t) for t in eos_token_ids)
         self.suppress = torch.as_tensor(list(suppress_token_ids), dtype=torch.long)
         self.pad_id = pad_token_id
         self.sampling = sampling
@@ -52,30 +51,15 @@ class HFChunkedEngine(SequencePool):
         self._running = None
 
     # ---- decoding ------------------------------------------------------------------
-    @torch.no_grad()
-    def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1) -> list[SequenceState]:
-        """Advance every live sequence by up to `max_tokens` (None: to the end); with
-        `stop_after_groups=k`, stop as soon as k prompt groups have completed in this
-        call (checked every `stop_check_every` rounds). Returns the sequences advanced
-        (finished ones move to `pop_finished`). Every batch advances one token per
-        round, so a sequence's tokens gained in a call say when in the call it finished."""
+    def _prepare(self) -> None:
         if self._running is None:
             self._rebuild()
-        touched = [s for run in self._running for s in run.rows if not s.done]
-        quota = GroupQuota(touched, stop_after_groups) if stop_after_groups is not None else None
-        budget = self.sampling.max_new_tokens if max_tokens is None else max_tokens
-        for tick in range(budget):
-            t0 = time.perf_counter()
-            rows = sum(self._decode_round(run, quota) for run in self._running)
-            if not rows:
-                break
-            self.stats.add_round(rows, time.perf_counter() - t0)
-            self._running = [run for run in self._running if any(not s.done for s in run.rows)]
-            if quota is not None and quota.met and (tick + 1) % stop_check_every == 0:
-                break
-        self._retire_finished()
-        return touched
+
+    @torch.no_grad()
+    def _advance(self, quota: GroupQuota | None) -> int:
+        rows = sum(self._decode_round(run, quota) for run in self._running)
+        self._running = [run for run in self._running if any(not s.done for s in run.rows)]
+        return rows
 
     def _rebuild(self) -> None:
         t0 = time.perf_counter()
@@ -106,18 +90,8 @@ class HFChunkedEngine(SequencePool):
                                          positions=[len(s.tokens) for s in seqs])
         new: list[list[int]] = [[] for _ in run.rows]
         for i, s, tok, lp in zip(active, seqs, tokens.tolist(), logprobs.tolist()):
-            s.tokens.append(tok)
-            s.logprobs.append(lp)
-            s.versions.append(self._version)
-            if tok in self.eos:
-                s.finish_reason = "stop"
-            elif len(s.tokens) >= sp.max_new_tokens:
-                s.finish_reason = "length"
-            else:
+            if self._append(s, tok, lp, quota):
                 new[i] = [tok]   # a finished row needs no further forward
-                continue
-            if quota is not None:
-                quota.finished(s)
         if any(new):
             run.kv.extend(new)
             run.compact()

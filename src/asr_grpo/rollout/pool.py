@@ -3,6 +3,7 @@ the policy version that new tokens are stamped with, the group quota a decode ca
 may stop at, and the measured cost of decoding."""
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -56,11 +57,63 @@ class DecodeStats:
 
 
 class SequencePool:
-    def __init__(self) -> None:
+    """Engines that decode round by round (one token for every live sequence per round)
+    implement `_prepare` and `_advance`; `decode` runs the rounds, stops at the budget
+    or the group quota, and times each round."""
+
+    def __init__(self, max_new_tokens: int = 0, eos: set[int] | None = None) -> None:
         self._version = 0
         self._live: list[SequenceState] = []
         self._finished: list[SequenceState] = []
         self.stats = DecodeStats()
+        self.max_new_tokens, self.eos = max_new_tokens, set(eos or ())
+        self.clock = time.perf_counter   # the forecast's simulated engines run on a virtual clock
+
+    # ---- round-by-round decoding ------------------------------------------------------
+    def _prepare(self) -> None:
+        """Hook: make the live sequences ready to decode (e.g. prefill their caches)."""
+
+    def _advance(self, quota: GroupQuota | None) -> int:
+        """Hook: one token for every unfinished live sequence (through `_append`);
+        returns the rows advanced."""
+        raise NotImplementedError
+
+    def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
+               stop_check_every: int = 1) -> list[SequenceState]:
+        """Advance every live sequence by up to `max_tokens` (None: to the end); with
+        `stop_after_groups=k`, stop as soon as k prompt groups have completed in this
+        call (checked every `stop_check_every` rounds). Returns the sequences advanced
+        (finished ones move to `pop_finished`). Every row advances one token per
+        round, so the tokens a sequence gained in a call say in which round it finished."""
+        self._prepare()
+        touched = [s for s in self._live if not s.done]
+        quota = GroupQuota(touched, stop_after_groups) if stop_after_groups is not None else None
+        budget = self.max_new_tokens if max_tokens is None else max_tokens
+        for tick in range(budget):
+            t0 = self.clock()
+            rows = self._advance(quota)
+            if not rows:
+                break
+            self.stats.add_round(rows, self.clock() - t0)
+            if quota is not None and quota.met and (tick + 1) % stop_check_every == 0:
+                break
+        self._retire_finished()
+        return touched
+
+    def _append(self, seq: SequenceState, token: int, logprob: float, quota: GroupQuota | None) -> bool:
+        """Give `seq` its next token; returns whether it goes on decoding."""
+        seq.tokens.append(token)
+        seq.logprobs.append(logprob)
+        seq.versions.append(self._version)
+        if token in self.eos:
+            seq.finish_reason = "stop"
+        elif len(seq.tokens) >= self.max_new_tokens:
+            seq.finish_reason = "length"
+        else:
+            return True
+        if quota is not None:
+            quota.finished(seq)
+        return False
 
     def _invalidate(self) -> None:
         """Hook: whatever an engine cached for its live sequences is stale now."""
