@@ -1,38 +1,40 @@
-"""OPPO speedup benchmark: one workload under overlap=none|intra|inter|oppo, side by side.
+"""OPPO speedup benchmark: overlap=none|intra|inter|oppo on one workload, side by side.
 
-    python bench/overlap_speedup.py                      # both workloads, all modes
-    python bench/overlap_speedup.py --workloads paper --steps 12
+    python bench/overlap_speedup.py                                  # every workload, 3 repeats x 33 steps
+    python bench/overlap_speedup.py --workloads default --repeats 3 --steps 33 --warmup 3
+    python bench/overlap_speedup.py --from-json bench/results/overlap_speedup.json   # re-render
 
-Each mode is a real `run_rl` (Ray, DeepSpeed, MLflow) from the same SFT checkpoint with
-the same seed, batch, samples and max new tokens; the numbers are read back from the
-MLflow runs. Writes `<out>/overlap_speedup.json` and `.md`: median step latency, time
-to the target reward, CER before/after, utilization per role, staleness, the serial
-run's phase split, the ideal step (no tail, scoring fully hidden) and the efficiency.
+Each run is a real `run_rl` (Ray, DeepSpeed, MLflow) from the same SFT checkpoint with the
+same seed, batch, samples and max new tokens; figures are read back from the MLflow runs.
+The modes are interleaved (repeat r runs every mode, in an order rotated by r) so that
+drift of the machine falls on all modes alike; the first `--warmup` steps of every run
+are dropped. Per mode: the median step over each run's measured steps, then the median
+and the range of those over the repeats (the run-to-run spread), time to the serial
+run's final reward, rows decoded, decode rounds, carried unfinished groups, rescored
+(wasted) sequences, and the cost-model planner's choices and predictions. Writes
+`<out>/overlap_speedup.json` and `.md`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
 
-from asr_grpo.tracking.runs import smoothed, summarize, time_to
+from asr_grpo.tracking.runs import history, smoothed, summarize, time_to
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("none", "intra", "inter", "oppo")
+COMMON = ["trainer.eval_max_utterances=32", "trainer.save_every=0"]
 
-# The embedded default, and PPO workloads aiming at the regime of the OPPO paper: a
-# critic, the LM reward model on, room for long tails. All keep the default corpus,
-# model and SFT checkpoint.
+# The embedded default, PPO with a run-on sampling tail, and long-form audio. All keep
+# the default SFT checkpoint (the long-form corpus changes only the rl split).
 WORKLOADS = {
     # One KV batch holds the whole overcommitted buffer ((B + Δmax) x n = 96 sequences),
     # as it holds the serial batch (64): the same memory knob for every mode.
     "default": ["trainer.rollout_batch_size=128", "overlap.chunk_size=16", "overlap.chunk_candidates=[8,16,32]"],
-    "paper": ["algorithm=ppo", "reward=asr_lm", "algorithm.n_samples_per_prompt=1",
-              "trainer.prompts_per_step=32", "algorithm.max_new_tokens=160", "trainer.train_epochs=2",
-              "overlap.chunk_size=16", "overlap.chunk_candidates=[8,16,32]", "overlap.delta_init=8",
-              "overlap.delta_max=16", "overlap.delta_inc=2", "overlap.delta_dec=2", "overlap.delta_window=3"],
     # The paper's regime by its own levers: exploration-heavy sampling (temperature 1.3)
     # gives run-on transcripts up to a long max, one PPO epoch (OpenRLHF's default).
     "longtail": ["algorithm=ppo", "reward=asr_lm", "algorithm.n_samples_per_prompt=1",
@@ -40,7 +42,16 @@ WORKLOADS = {
                  "trainer.train_epochs=1", "overlap.chunk_size=16", "overlap.chunk_candidates=[8,16,32]",
                  "overlap.delta_init=8", "overlap.delta_max=16", "overlap.delta_inc=2", "overlap.delta_dec=2",
                  "overlap.delta_window=3"],
+    # 30% of the RL prompts are 20-60 s dictations: responses from a few tokens to a few
+    # hundred because the audio is long (no padding, no forced lengths).
+    "longform": ["data.corpus.longform_fraction=0.3", "algorithm.max_new_tokens=384",
+                 "algorithm.n_samples_per_prompt=4", "trainer.rollout_batch_size=64",
+                 "overlap.chunk_size=32", "overlap.chunk_candidates=[16,32,64]"],
 }
+PER_STEP = ("overlap/rows_decoded", "overlap/decode_rounds", "overlap/carried_unfinished_groups",
+            "overlap/rescored_sequences", "overlap/chunk", "overlap/delta",
+            "perf/time/rollout", "perf/time/scoring_wall", "perf/time/training", "perf/time/sync",
+            "charts/response_length", "charts/response_length_max")
 
 
 def compose_run(overrides: list[str]):
@@ -56,70 +67,103 @@ def compose_run(overrides: list[str]):
         return compose("config", overrides=overrides)
 
 
-def ideal_step(serial: dict) -> float:
-    """The serial step without its tail and with scoring fully hidden: decoding costs
-    what the mean-length sequence needs (not the longest), then training and sync."""
-    ph, lengths = serial["phases_s"], serial["response_length"]
-    tail_free = ph["rollout"] * lengths.get("", 1.0) / max(1.0, lengths.get("_max", 1.0))
-    return tail_free + ph["training"] + ph.get("sync", 0.0)
+def median(xs) -> float:
+    xs = [x for x in xs if x == x]
+    return float(statistics.median(xs)) if xs else float("nan")
 
 
-def report(workload: str, runs: dict[str, dict], window: int, overrides: list[str] | None = None) -> dict:
+def measured(client, run_id: str, warmup: int) -> dict:
+    """Per-step series of one run, warm-up steps dropped."""
+    out = {}
+    for key in PER_STEP:
+        h = history(client, run_id, key)
+        out[key] = [h[s] for s in sorted(h) if s > warmup]
+    steps = history(client, run_id, "perf/time/step")
+    out["perf/time/step"] = [steps[s] for s in sorted(steps) if s > warmup]
+    predicted = history(client, run_id, "overlap/predicted_step_s")
+    out["predicted_vs_measured"] = [[predicted[s], steps[s]] for s in sorted(predicted) if s > warmup and s in steps]
+    return out
+
+
+def ideal_steps(series: dict) -> list[float]:
+    """Per serial step: decoding as long as the mean response (no tail), scoring fully
+    hidden, then training and sync. Compared with the same statistic of every mode."""
+    return [r * m / max(1.0, x) + t + s for r, m, x, t, s in
+            zip(series["perf/time/rollout"], series["charts/response_length"], series["charts/response_length_max"],
+                series["perf/time/training"], series["perf/time/sync"])]
+
+
+def mode_row(runs: list[dict], serial_target: float, serial_ttt: float, serial_step: float, ideal: float,
+             window: int) -> dict:
+    per_run = [median(r["series"]["perf/time/step"]) for r in runs]
+    ttt = [time_to(serial_target, r["summary"], window) for r in runs]
+    mid = median(per_run)
+    pick = lambda key: median([median(r["series"][key]) for r in runs])  # noqa: E731
+    pairs = [pair for r in runs for pair in r["series"]["predicted_vs_measured"]]
+    return {
+        "median_step_s": mid, "step_spread_s": [min(per_run), max(per_run)], "per_run_median_step_s": per_run,
+        "step_speedup": serial_step / mid,
+        "time_to_target_s": median(ttt), "ttt_speedup": serial_ttt / median(ttt) if median(ttt) > 0 else float("nan"),
+        "efficiency": ideal / mid,
+        "rows_decoded": pick("overlap/rows_decoded"), "decode_rounds": pick("overlap/decode_rounds"),
+        "carried_unfinished_groups": pick("overlap/carried_unfinished_groups"),
+        "rescored_sequences": pick("overlap/rescored_sequences"),
+        "chunks": sorted({c for r in runs for c in r["series"]["overlap/chunk"]}),
+        "deltas": sorted({d for r in runs for d in r["series"]["overlap/delta"]}),
+        "predicted_step_s": median([p for p, _ in pairs]) if pairs else None,
+        "measured_when_predicted_s": median([m for _, m in pairs]) if pairs else None,
+        "prediction_error_median": median([p / m - 1 for p, m in pairs]) if pairs else None,
+        "cer_before": median([r["summary"]["cer_before"] for r in runs]),
+        "cer_after": median([r["summary"]["cer_after"] for r in runs]),
+        "final_reward": median([r["summary"]["final_reward"] for r in runs]),
+        "phases_s": {p: pick(f"perf/time/{p}") for p in ("rollout", "scoring_wall", "training", "sync")},
+        "run_ids": [r["summary"]["run_id"] for r in runs],
+    }
+
+
+def report(workload: str, overrides: list[str], runs: dict[str, list[dict]], window: int) -> dict:
     serial = runs["none"]
-    step = serial["mean_step_s"]
-    ph = serial["phases_s"]
-    split = {"rollout": ph["rollout"] / step, "scoring+reward": ph["scoring_wall"] / step,
-             "training": ph["training"] / step, "sync": ph.get("sync", 0.0) / step}
+    serial_step = median([median(r["series"]["perf/time/step"]) for r in serial])
+    target = 0.98 * median([smoothed(r["summary"]["reward"], window)[-1] for r in serial])
+    serial_ttt = median([time_to(target, r["summary"], window) for r in serial])
+    ideal = median([x for r in serial for x in ideal_steps(r["series"])])
+    rows = {mode: mode_row(rs, target, serial_ttt, serial_step, ideal, window) for mode, rs in runs.items()}
+    ph = rows["none"]["phases_s"]
+    split = {k: v / serial_step for k, v in ph.items()}
     split["other"] = max(0.0, 1.0 - sum(split.values()))
-    target = 0.98 * smoothed(serial["reward"], window)[-1]   # the serial run's last smoothed reward
-    ideal = ideal_step(serial)
-    rows = {}
-    for mode, run in runs.items():
-        ttt = time_to(target, run, window)
-        rows[mode] = {
-            "median_step_s": run["median_step_s"],
-            "step_speedup": serial["median_step_s"] / run["median_step_s"],
-            "time_to_target_s": ttt,
-            "total_wall_s": run["wall_clock_s"][-1],
-            "wall_speedup": serial["wall_clock_s"][-1] / run["wall_clock_s"][-1],
-            "ttt_speedup": time_to(target, serial, window) / ttt if ttt not in (0, float("inf")) else float("nan"),
-            "cer_before": run["cer_before"], "cer_after": run["cer_after"],
-            "final_reward": run["final_reward"],
-            "overlap_efficiency": ideal / run["median_step_s"],
-            "util": run["util"], "idle_s": run.get("idle_s", {}), "staleness_counts": run["staleness_counts"],
-        }
-    return {"workload": workload, "overrides": WORKLOADS[workload] if overrides is None else overrides,
-            "steps": serial["steps"], "serial_phase_split": split,
-            "serial_rollout_plus_scoring": split["rollout"] + split["scoring+reward"],
+    lengths = [x for r in serial for x in r["series"]["charts/response_length"]]
+    longest = [x for r in serial for x in r["series"]["charts/response_length_max"]]
+    return {"workload": workload, "overrides": overrides, "repeats": len(serial),
+            "measured_steps": len(serial[0]["series"]["perf/time/step"]), "serial_phase_split": split,
             "target_reward": target, "ideal_step_s": ideal,
-            "response_length": serial["response_length"], "modes": rows, "runs": runs}
+            "response_length": {"mean": median(lengths), "max": median(longest)}, "modes": rows}
 
 
 def markdown(results: list[dict]) -> str:
     out = []
     for r in results:
         split = ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["serial_phase_split"].items())
-        lengths = ", ".join(f"{k or 'mean'} {v:.0f}" for k, v in r["response_length"].items())
-        out += [f"### Workload `{r['workload']}` ({r['steps']} steps per mode)", "",
+        out += [f"### Workload `{r['workload']}`: {r['repeats']} interleaved repeats x {r['measured_steps']} "
+                "measured steps per mode", "",
                 f"Overrides: `{' '.join(r['overrides']) or '(defaults)'}`", "",
-                f"Serial phase split: {split} (rollout + scoring = "
-                f"{100 * r['serial_rollout_plus_scoring']:.0f}%). Response lengths (tokens): {lengths}. "
-                f"Ideal step (no tail, scoring hidden): {r['ideal_step_s']:.2f} s. "
-                f"Target reward (98% of the serial run's final): {r['target_reward']:.3f}.", "",
-                "| mode | median step (s) | step speedup | wall for all steps (s) | time to target (s) | speedup "
-                "| CER before -> after | final reward | efficiency | actor idle (s/step) "
-                "| util actor / ref / critic / reward_model | stale samples |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                f"Serial phase split: {split}. Response length (tokens, median over steps): mean "
+                f"{r['response_length']['mean']:.0f}, longest {r['response_length']['max']:.0f}. Ideal step (no tail, "
+                f"scoring hidden): {r['ideal_step_s']:.2f} s. Target reward (98% of the serial final): "
+                f"{r['target_reward']:.3f}.", "",
+                "| mode | median step (s) [run range] | step speedup | time to target | speedup | efficiency "
+                "| rows decoded / step | decode rounds / step | carried unfinished groups | rescored seqs "
+                "| chunk / Δ used | predicted vs measured (s) | CER before -> after |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for mode, m in r["modes"].items():
-            u = m["util"]
-            util = " / ".join(f"{u[k]:.2f}" if k in u else "-" for k in ("actor", "ref", "critic", "reward_model"))
-            stale = sum(v for k, v in m["staleness_counts"].items() if k != "0")
-            total = sum(m["staleness_counts"].values())
-            out.append(f"| {mode} | {m['median_step_s']:.2f} | {m['step_speedup']:.2f}x | "
-                       f"{m['total_wall_s']:.0f} | {m['time_to_target_s']:.0f} | {m['ttt_speedup']:.2f}x | "
-                       f"{m['cer_before']:.3f} -> {m['cer_after']:.3f} | {m['final_reward']:.3f} | "
-                       f"{m['overlap_efficiency']:.2f} | {m['idle_s'].get('actor', float('nan')):.2f} | {util} | "
-                       f"{stale:.0f}/{total:.0f} |")
+            lo, hi = m["step_spread_s"]
+            pred = (f"{m['predicted_step_s']:.2f} vs {m['measured_when_predicted_s']:.2f}"
+                    if m["predicted_step_s"] is not None else "-")
+            used = f"{'/'.join(str(int(c)) for c in m['chunks'])} / {'/'.join(str(int(d)) for d in m['deltas'])}"
+            out.append(f"| {mode} | {m['median_step_s']:.2f} [{lo:.2f}-{hi:.2f}] | {m['step_speedup']:.2f}x | "
+                       f"{m['time_to_target_s']:.0f} s | {m['ttt_speedup']:.2f}x | {m['efficiency']:.2f} | "
+                       f"{m['rows_decoded']:.0f} | {m['decode_rounds']:.0f} | {m['carried_unfinished_groups']:.1f} | "
+                       f"{m['rescored_sequences']:.0f} | {used} | {pred} | "
+                       f"{m['cer_before']:.3f} -> {m['cer_after']:.3f} |")
         out.append("")
     return "\n".join(out)
 
@@ -128,7 +172,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=33, help="steps per run, warm-up included")
+    ap.add_argument("--warmup", type=int, default=3, help="first steps of every run left out")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--window", type=int, default=3, help="steps in the reward smoothing window")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--output-root", default=str(REPO / "outputs"),
@@ -137,8 +183,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
     if args.from_json:
-        old = json.loads(Path(args.from_json).read_text())
-        print(markdown([report(r["workload"], r["runs"], args.window, r["overrides"]) for r in old]))
+        print(markdown(json.loads(Path(args.from_json).read_text())))
         return
     if "none" not in args.modes:
         sys.exit("the serial baseline (overlap=none) is what every speedup is measured against")
@@ -153,21 +198,25 @@ def main() -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results = []
     for workload in args.workloads:
-        runs = {}
-        for mode in args.modes:
-            # Value overrides apply after the group files, so the workload's overlap.*
-            # knobs hold whichever overlap mode is selected.
-            overrides = [f"paths.output_root={args.output_root}", f"overlap={mode}", *WORKLOADS[workload],
-                         f"trainer.steps={args.steps}", f"trainer.eval_every={args.steps}",
-                         "trainer.save_every=0", f"trainer.output_dir={args.output_root}/bench/{workload}-{mode}",
-                         "logger.experiment_name=bench-overlap", *args.overrides]
-            cfg = compose_run(overrides)
-            print(f"== {workload} / overlap={mode}", flush=True)
-            summary = run_rl(cfg, run_name=f"bench-{stamp}-{workload}-{mode}")
-            client = mlflow.tracking.MlflowClient(absolute_tracking_uri(cfg.logger.tracking_uri))
-            runs[mode] = summarize(client, summary["mlflow_run_id"], args.window)
-            print(f"   median step {runs[mode]['median_step_s']:.2f} s", flush=True)
-        results.append(report(workload, runs, args.window))
+        runs: dict[str, list[dict]] = {m: [] for m in args.modes}
+        for rep in range(args.repeats):
+            order = args.modes[rep % len(args.modes):] + args.modes[:rep % len(args.modes)]
+            for mode in order:
+                # Value overrides apply after the group files, so the workload's overlap.*
+                # knobs hold whichever overlap mode is selected.
+                overrides = [f"paths.output_root={args.output_root}", f"overlap={mode}", *WORKLOADS[workload],
+                             *COMMON, f"trainer.steps={args.steps}", f"trainer.eval_every={args.steps}",
+                             f"trainer.output_dir={args.output_root}/bench/{workload}-{mode}",
+                             "logger.experiment_name=bench-overlap", *args.overrides]
+                cfg = compose_run(overrides)
+                print(f"== {workload} / overlap={mode} / repeat {rep}", flush=True)
+                summary = run_rl(cfg, run_name=f"bench-{stamp}-{workload}-{mode}-r{rep}")
+                client = mlflow.tracking.MlflowClient(absolute_tracking_uri(cfg.logger.tracking_uri))
+                run = {"summary": summarize(client, summary["mlflow_run_id"], args.window),
+                       "series": measured(client, summary["mlflow_run_id"], args.warmup)}
+                runs[mode].append(run)
+                print(f"   median step {median(run['series']['perf/time/step']):.2f} s", flush=True)
+        results.append(report(workload, WORKLOADS[workload] + list(args.overrides), runs, args.window))
         (out / "overlap_speedup.json").write_text(json.dumps(results, indent=1))
         (out / "overlap_speedup.md").write_text(markdown(results))
     print(markdown(results))

@@ -31,7 +31,7 @@ B, N, DELTA = 2, 2, 2
 def recipe(root, fault_reward):
     # Chunks of one token: many decode rounds, so "mid-step" is a wide window. Δ pinned
     # at its maximum: groups (and their partial sequences) are carried between steps.
-    cfg = compose_cfg(root, "placement=separate", "overlap=oppo", "overlap.chunk_size=1",
+    cfg = compose_cfg(root, "placement=separate", "overlap=oppo", "overlap.controller=trial", "overlap.chunk_size=1",
                       "overlap.chunk_candidates=[1]", "overlap.chunk_trial_period=0",
                       f"overlap.delta_init={DELTA}", f"overlap.delta_min={DELTA}", f"overlap.delta_max={DELTA}",
                       "reward=asr_lm", f"reward.reward_file={fault_reward.path}", f"trainer.prompts_per_step={B}",

@@ -152,8 +152,12 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
 def test_oppo_resume_with_carried_buffer_equals_uninterrupted(root):
     # Prompts from the train split (num_rl=0): on these utterances the debug model's
     # sampled lengths spread enough that step 2's checkpoint holds partial sequences.
-    common = [*SINGLE_SAMPLE, "data.corpus.num_rl=0", "overlap=oppo", "overlap.delta_init=2", "overlap.chunk_size=2",
-              "overlap.chunk_candidates=[2,3]", "overlap.chunk_trial_period=2", "algorithm.max_new_tokens=20",
+    # The trial controller with every step a trial: its choices do not depend on timing,
+    # so the two runs must plan alike (the cost model's state round trip is unit-tested).
+    common = [*SINGLE_SAMPLE, "data.corpus.num_rl=0", "overlap=oppo", "overlap.controller=trial",
+              "overlap.delta_init=2", "overlap.chunk_size=2", "overlap.chunk_candidates=[2,3]",
+              "overlap.chunk_trial_period=2", "overlap.chunk_trial_warmup=0", "overlap.chunk_trial_steps=1",
+              "algorithm.max_new_tokens=20",
               "trainer.eval_every=0", "trainer.lr_warmup_steps=0", "trainer.lr=1e-4"]
     first = run_rl(compose_cfg(root, *common, "trainer.steps=2", "trainer.save_every=1",
                                f"trainer.output_dir={root}/oppo_a"))
@@ -185,9 +189,9 @@ def test_oppo_resume_with_carried_buffer_equals_uninterrupted(root):
     driver_a, driver_b = (ckpt.read_driver_state(root / run / "step_000004") for run in ("oppo_a", "oppo_b"))
     assert driver_a.pop("mlflow_run_id") != driver_b.pop("mlflow_run_id")
     for state in (driver_a, driver_b):   # wall-clock step times (and the chunk picked from them) differ in any two runs
-        ctrl = state["scheduler"]["chunk_ctrl"]
+        ctrl = state["scheduler"]["planner"]["chunk_ctrl"]
         ctrl.update({key: [c for c, _ in ctrl[key]] for key in ("timings", "last_trial")}, chosen=None)
-    assert driver_a == driver_b and driver_a["scheduler"]["buffer"] and driver_a["scheduler"]["delta_ctrl"]
+    assert driver_a == driver_b and driver_a["scheduler"]["buffer"] and driver_a["scheduler"]["planner"]["delta_ctrl"]
 
 
 def assert_same_state(a, b, where: str) -> None:

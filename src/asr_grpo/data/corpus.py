@@ -15,6 +15,7 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -52,6 +53,11 @@ VOICES = {
 RATE_WPM = (145, 200)         # inclusive range, eSpeak words per minute
 PITCH = (30, 70)              # inclusive range, eSpeak 0-100 scale
 LONG_DURATION_S = (8.5, 14.0)  # target of long-form utterances (estimate; real is 8-15 s)
+# Long-form dictation (`longform_fraction`): sentences a spec carries beyond its planned
+# count, so the synthesis worker can lengthen one whose real duration fell short.
+LONGFORM_SPARES = 4
+LONGFORM_MIN_SPAN_S = 5.0     # narrower [min, max] may fit no whole number of sentences
+_LONGFORM_FIELDS = ("longform_fraction", "longform_min_s", "longform_max_s")
 PEAK = 0.9
 # Utterances per synthesis task. Each task runs in a fresh process (eSpeak keeps state
 # between calls), so output depends on this constant but not on the worker count.
@@ -87,14 +93,26 @@ class _UtteranceSpec:
     pitch: int
     snr_db: float
     noise_seed: int
+    # Long-form dictation only: candidate sentences, of which the first `longform_count`
+    # make the planned text (estimated duration nearest the drawn target); the worker
+    # drops or adds sentences until the real duration lies in `duration_range`.
+    longform: tuple[templates.Sentence, ...] = ()
+    longform_count: int = 0
+    duration_range: tuple[float, float] = (0.0, math.inf)
 
 
 def _data_fields(cfg: Any) -> dict[str, Any]:
     """Config fields that change the generated data: all but `workers`.
 
-    Works for the dataclass and for an OmegaConf node of the same schema."""
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(CorpusConfig)
-            if f.name != "workers"}
+    Works for the dataclass and for an OmegaConf node of the same schema. With long-form
+    off its keys are left out: the hash (and corpus.json) stay those of corpora built
+    before the keys existed, so their cache and the SFT checkpoints trained on them hold."""
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(CorpusConfig)
+              if f.name != "workers"}
+    if not fields["longform_fraction"]:
+        for name in _LONGFORM_FIELDS:
+            del fields[name]
+    return fields
 
 
 def corpus_hash(cfg: CorpusConfig) -> str:
@@ -115,13 +133,91 @@ def _is_complete(root: Path) -> bool:
         (root / f"{split}.jsonl").is_file() for split in SPLITS)
 
 
+def _check_longform(cfg: CorpusConfig) -> None:
+    if not 0.0 <= cfg.longform_fraction <= 1.0:
+        raise ValueError(f"data.corpus.longform_fraction must lie in [0, 1], got {cfg.longform_fraction}")
+    if cfg.longform_fraction > 0 and not (
+            0 < cfg.longform_min_s and cfg.longform_max_s - cfg.longform_min_s >= LONGFORM_MIN_SPAN_S):
+        raise ValueError(f"data.corpus.longform_min_s ({cfg.longform_min_s}) and longform_max_s "
+                         f"({cfg.longform_max_s}) must be positive and at least "
+                         f"{LONGFORM_MIN_SPAN_S} s apart")
+
+
+def _longform_indices(cfg: CorpusConfig) -> frozenset[int]:
+    """The rl utterances that are long-form: exactly round(fraction x num_rl), placed by
+    their own generator so that with long-form off the main draws are untouched."""
+    count = round(cfg.longform_fraction * cfg.num_rl)
+    if count == 0:
+        return frozenset()
+    picks = np.random.default_rng([cfg.seed, 1]).choice(cfg.num_rl, size=count, replace=False)
+    return frozenset(int(i) for i in picks)
+
+
+def _spec(rng: np.random.Generator, split: str, index: int, sentence: templates.Sentence,
+          rate: int, cfg: CorpusConfig, **longform: Any) -> _UtteranceSpec:
+    """The utterance's voice, pitch and noise, drawn after its text."""
+    utt_id = f"{split}-{index:05d}"
+    language = sentence.language
+    return _UtteranceSpec(
+        id=utt_id, split=split, audio=f"wavs/{split}/{utt_id}.wav",
+        text=sentence.text, speech=sentence.speech, language=language,
+        keywords=sentence.keywords,
+        voice=VOICES[language][int(rng.integers(len(VOICES[language])))],
+        rate_wpm=rate, pitch=int(rng.integers(PITCH[0], PITCH[1] + 1)),
+        snr_db=float(rng.uniform(cfg.noise_snr_db_min, cfg.noise_snr_db_max)),
+        noise_seed=int(rng.integers(2**63)), **longform,
+    )
+
+
+def _fresh_sentence(rng: np.random.Generator, language: str, used: set[str]) -> templates.Sentence:
+    for _ in range(_MAX_DRAWS):
+        sentence = templates.sample_sentence(rng, language)
+        if sentence.text not in used:
+            used.add(sentence.text)
+            return sentence
+    raise RuntimeError(f"could not draw a new sentence after {_MAX_DRAWS} tries; "
+                       "the corpus is too large for the templates")
+
+
+def _nearest_count(sentences: list[templates.Sentence], target_s: float, rate: int) -> int:
+    """How many of `sentences` (the last one overshooting `target_s` by estimate) to join
+    for the estimated duration nearest the target."""
+    def estimate(n: int) -> float:
+        return templates.estimate_duration_s(templates.join_sentences(sentences[:n]), rate)
+
+    n = len(sentences)
+    return n - 1 if n > 1 and target_s - estimate(n - 1) < estimate(n) - target_s else n
+
+
+def _plan_longform(rng: np.random.Generator, index: int, cfg: CorpusConfig,
+                   used: set[str]) -> _UtteranceSpec:
+    """A dictation of one language: sentences (each new to the corpus, so SFT never saw
+    them) joined up to a duration drawn uniformly in [longform_min_s, longform_max_s]."""
+    language = "zh" if rng.random() < cfg.zh_fraction else "en"
+    rate = int(rng.integers(RATE_WPM[0], RATE_WPM[1] + 1))
+    target = float(rng.uniform(cfg.longform_min_s, cfg.longform_max_s))
+    pool = [_fresh_sentence(rng, language, used)]
+    while templates.estimate_duration_s(templates.join_sentences(pool), rate) < target:
+        pool.append(_fresh_sentence(rng, language, used))
+    count = _nearest_count(pool, target, rate)
+    pool += [_fresh_sentence(rng, language, used) for _ in range(LONGFORM_SPARES)]
+    return _spec(rng, "rl", index, templates.join_sentences(pool[:count]), rate, cfg,
+                 longform=tuple(pool), longform_count=count,
+                 duration_range=(float(cfg.longform_min_s), float(cfg.longform_max_s)))
+
+
 def _plan(cfg: CorpusConfig) -> list[_UtteranceSpec]:
     """Draw every utterance's text and voice settings; texts never repeat across splits."""
+    _check_longform(cfg)
     rng = np.random.default_rng(cfg.seed)
     used: set[str] = set()
     specs: list[_UtteranceSpec] = []
+    longform = _longform_indices(cfg)
     for split, count in zip(SPLITS, (cfg.num_train, cfg.num_dev, cfg.num_test, cfg.num_rl)):
         for index in range(count):
+            if split == "rl" and index in longform:
+                specs.append(_plan_longform(rng, index, cfg, used))
+                continue
             for _ in range(_MAX_DRAWS):
                 language = "zh" if rng.random() < cfg.zh_fraction else "en"
                 rate = int(rng.integers(RATE_WPM[0], RATE_WPM[1] + 1))
@@ -135,16 +231,7 @@ def _plan(cfg: CorpusConfig) -> list[_UtteranceSpec]:
                 raise RuntimeError(f"could not draw a new sentence after {_MAX_DRAWS} tries; "
                                    "the corpus is too large for the templates")
             used.add(sentence.text)
-            utt_id = f"{split}-{index:05d}"
-            specs.append(_UtteranceSpec(
-                id=utt_id, split=split, audio=f"wavs/{split}/{utt_id}.wav",
-                text=sentence.text, speech=sentence.speech, language=language,
-                keywords=sentence.keywords,
-                voice=VOICES[language][int(rng.integers(len(VOICES[language])))],
-                rate_wpm=rate, pitch=int(rng.integers(PITCH[0], PITCH[1] + 1)),
-                snr_db=float(rng.uniform(cfg.noise_snr_db_min, cfg.noise_snr_db_max)),
-                noise_seed=int(rng.integers(2**63)),
-            ))
+            specs.append(_spec(rng, split, index, sentence, rate, cfg))
     return specs
 
 
@@ -160,20 +247,55 @@ def _peak_normalise(audio: np.ndarray) -> np.ndarray:
     return audio * np.float32(PEAK / peak) if peak > 0 else audio
 
 
-def _synthesize_chunk(task: tuple[str, int, list[_UtteranceSpec]]) -> list[int]:
-    """Runs in a fresh worker process; returns the number of samples of each WAV."""
+def _speak(synth: EspeakSynthesizer, spec: _UtteranceSpec, sample_rate: int) -> np.ndarray:
+    audio = synth.synthesize(spec.speech, spec.voice, spec.rate_wpm, spec.pitch,
+                             sample_rate, seed=spec.noise_seed % 2**31)
+    if audio.size == 0:
+        raise RuntimeError(f"eSpeak produced no audio for {spec.id}: {spec.speech!r}")
+    return audio
+
+
+def _with_sentences(spec: _UtteranceSpec, count: int) -> _UtteranceSpec:
+    joined = templates.join_sentences(list(spec.longform[:count]))
+    return dataclasses.replace(spec, text=joined.text, speech=joined.speech,
+                               keywords=joined.keywords, longform_count=count)
+
+
+def _speak_longform(synth: EspeakSynthesizer, spec: _UtteranceSpec,
+                    sample_rate: int) -> tuple[_UtteranceSpec, np.ndarray]:
+    """Synthesize, then drop or add sentences until the real duration lies in
+    `spec.duration_range` (the estimate that planned the count is off by a few %)."""
+    low, high = spec.duration_range
+    count, last_move = spec.longform_count, 0
+    while True:
+        spec = _with_sentences(spec, count)
+        audio = _speak(synth, spec, sample_rate)
+        seconds = len(audio) / sample_rate
+        move = -1 if seconds > high else 1 if seconds < low else 0
+        if move == 0:
+            return spec, audio
+        # A reversal means one sentence spans the whole range: no count fits.
+        if move == -last_move or not 1 <= count + move <= len(spec.longform):
+            raise RuntimeError(f"long-form {spec.id}: {seconds:.1f} s with {count} sentences, "
+                               f"no sentence count fits [{low}, {high}] s")
+        count, last_move = count + move, move
+
+
+def _synthesize_chunk(task: tuple[str, int, list[_UtteranceSpec]]) -> list[tuple[_UtteranceSpec, int]]:
+    """Runs in a fresh worker process; returns each spec as synthesized (long-form ones
+    fitted to their duration range) with the number of samples of its WAV."""
     root, sample_rate, specs = task
     synth = EspeakSynthesizer()
-    frames = []
+    done = []
     for spec in specs:
-        audio = synth.synthesize(spec.speech, spec.voice, spec.rate_wpm, spec.pitch,
-                                 sample_rate, seed=spec.noise_seed % 2**31)
-        if audio.size == 0:
-            raise RuntimeError(f"eSpeak produced no audio for {spec.id}: {spec.speech!r}")
+        if spec.longform:
+            spec, audio = _speak_longform(synth, spec, sample_rate)
+        else:
+            audio = _speak(synth, spec, sample_rate)
         audio = _peak_normalise(_add_noise(audio, spec.snr_db, spec.noise_seed))
         sf.write(os.path.join(root, spec.audio), audio, sample_rate, subtype="PCM_16")
-        frames.append(len(audio))
-    return frames
+        done.append((spec, len(audio)))
+    return done
 
 
 def _mp_context() -> mp.context.BaseContext:
@@ -185,18 +307,22 @@ def _mp_context() -> mp.context.BaseContext:
     return mp.get_context("spawn")
 
 
-def _synthesize_all(specs: list[_UtteranceSpec], root: Path, cfg: CorpusConfig) -> list[int]:
+def _synthesize_all(specs: list[_UtteranceSpec], root: Path,
+                    cfg: CorpusConfig) -> tuple[list[_UtteranceSpec], list[int]]:
+    """The specs as synthesized (see `_synthesize_chunk`) and their WAVs' sample counts."""
     chunks = [specs[i:i + CHUNK_SIZE] for i in range(0, len(specs), CHUNK_SIZE)]
     tasks = [(str(root), cfg.sample_rate, chunk) for chunk in chunks]
+    done: list[_UtteranceSpec] = []
     frames: list[int] = []
     workers = max(1, min(int(cfg.workers), len(chunks)))
     # maxtasksperchild=1: every chunk starts from a fresh eSpeak state.
     with _mp_context().Pool(workers, maxtasksperchild=1) as pool, \
             tqdm(total=len(specs), desc="synthesizing corpus", unit="utt") as bar:
-        for chunk_frames in pool.imap(_synthesize_chunk, tasks):
-            frames.extend(chunk_frames)
-            bar.update(len(chunk_frames))
-    return frames
+        for chunk in pool.imap(_synthesize_chunk, tasks):
+            done.extend(spec for spec, _ in chunk)
+            frames.extend(n for _, n in chunk)
+            bar.update(len(chunk))
+    return done, frames
 
 
 def _write_manifests(specs: list[_UtteranceSpec], frames: list[int], root: Path,
@@ -240,7 +366,7 @@ def build_corpus(cfg: CorpusConfig, output_root: str | Path) -> CorpusManifests:
         specs = _plan(cfg)
         for split in SPLITS:
             (tmp / "wavs" / split).mkdir(parents=True)
-        frames = _synthesize_all(specs, tmp, cfg)
+        specs, frames = _synthesize_all(specs, tmp, cfg)
         stats = _write_manifests(specs, frames, tmp, cfg.sample_rate)
         metadata = {"hash": digest, "generator_version": GENERATOR_VERSION,
                     "config": _data_fields(cfg), "stats": stats}

@@ -13,6 +13,20 @@ from asr_grpo.data.corpus import CorpusManifests, build_corpus
 from asr_grpo.data.manifest import Utterance, read_manifest
 
 
+def uses_embedded_corpus(data_cfg: DataConfig) -> bool:
+    return not any(getattr(data_cfg, f"{split}_manifest") for split in ("train", "dev", "test"))
+
+
+def max_duration_limit(data_cfg: DataConfig) -> float:
+    """`data.max_duration_s`, raised to `data.corpus.longform_max_s` when the embedded
+    corpus has long-form dictation: audio the config asked for is not absurd."""
+    limit = float(data_cfg.max_duration_s)
+    corpus = data_cfg.corpus
+    if uses_embedded_corpus(data_cfg) and corpus.longform_fraction > 0:
+        limit = max(limit, float(corpus.longform_max_s))
+    return limit
+
+
 class AsrDataset(Dataset):
     """Utterances of one manifest; audio is loaded lazily as float32 mono at
     `data_cfg.sample_rate`.
@@ -29,7 +43,7 @@ class AsrDataset(Dataset):
         self.manifest_path = Path(manifest_path)
         self.sample_rate = int(data_cfg.sample_rate)
         self.min_duration_s = float(data_cfg.min_duration_s)
-        self.max_duration_s = float(data_cfg.max_duration_s)
+        self.max_duration_s = max_duration_limit(data_cfg)
         result = read_manifest(manifest_path, on_bad=data_cfg.on_bad_audio,
                                min_duration_s=self.min_duration_s,
                                max_duration_s=self.max_duration_s)
@@ -77,7 +91,7 @@ def resolve_manifests(data_cfg: DataConfig, output_root: str | Path) -> CorpusMa
     rl = Path(data_cfg.rl_manifest) if data_cfg.rl_manifest else None
     if rl is not None and not rl.is_file():
         raise FileNotFoundError(f"data.rl_manifest: {rl} does not exist")
-    if not any(given.values()):
+    if uses_embedded_corpus(data_cfg):
         built = build_corpus(data_cfg.corpus, output_root)
         return built if rl is None else dataclasses.replace(built, rl=rl)
     missing = [f"data.{split}_manifest" for split, path in given.items() if not path]

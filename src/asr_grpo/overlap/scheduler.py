@@ -128,6 +128,8 @@ class RolloutScheduler:
         self._pending: dict[str, list] = {name: [] for name in self.scorers}       # this step's calls
         self._finishing: dict[str, set[str]] = {name: set() for name in self.scorers}  # finished this step
         self._stash: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self.frozen}
+        self._streamed_done: dict[str, set[str]] = {name: set() for name in self.scorers}   # finished, not trained
+        self._rescored = 0
 
     # ---- knobs -----------------------------------------------------------------------
     def plan_for(self, step: int) -> StepPlan:
@@ -178,7 +180,7 @@ class RolloutScheduler:
                    "overlap/carried_groups": float(len(self.buffer)),
                    "overlap/carried_unfinished_groups": float(carried_unfinished),
                    "overlap/decode_calls": float(rounds), "overlap/decode_rounds": float(ticks),
-                   "overlap/rows_decoded": float(rows),
+                   "overlap/rows_decoded": float(rows), "overlap/rescored_sequences": float(self._rescored),
                    "perf/time/rollout_decode": t_decoded - t0,
                    **staleness_histogram(staleness)}
         if plan.predicted_s is not None:
@@ -338,6 +340,7 @@ class RolloutScheduler:
                 if r.done:
                     finish[rank].append(r.uid)
                     self._finishing[name].add(r.uid)
+                    self._streamed_done[name].add(r.uid)
                     self._registered.discard((name, r.uid))
             for rank in range(world):
                 if feed[rank] or register[rank]:
@@ -352,9 +355,14 @@ class RolloutScheduler:
         step's weights (as serially)."""
         uids = [s.uid for e in chosen for s in e.results()]
         out = {}
+        self._rescored = 0
         for name in self.scorers:
             stash = self._stash.get(name)
             known = {u: stash.pop(u) for u in uids if stash is not None and u in stash}
+            # Streamed to their end in an earlier step, scores not kept: scored again (waste).
+            done = self._streamed_done[name]
+            self._rescored += sum(u in done and u not in self._finishing[name] and u not in known for u in uids)
+            done.difference_update(uids)
             out[name] = StreamedScores({u for u in uids if u in self._finishing[name]}, self._pending[name],
                                        known, stash, self._get)
         if self._stash:   # what no carried group still waits for (a scorer restart, a drop) goes
