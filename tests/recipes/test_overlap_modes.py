@@ -191,11 +191,15 @@ def test_oppo_resume_with_carried_buffer_equals_uninterrupted(root):
     for state in (driver_a, driver_b):   # wall-clock step times (and the chunk picked from them) differ in any two runs
         ctrl = state["scheduler"]["planner"]["chunk_ctrl"]
         ctrl.update({key: [c for c, _ in ctrl[key]] for key in ("timings", "last_trial")}, chosen=None)
-    assert driver_a == driver_b and driver_a["scheduler"]["buffer"] and driver_a["scheduler"]["planner"]["delta_ctrl"]
+    # Tokens, uids, counters exactly; the behaviour log-probs to float rounding: the frozen
+    # reference keeps carried sequences' caches across steps in the uninterrupted run and
+    # re-prefills them after the resume, so the KL term (and the weights) differ by rounding.
+    assert_same_state(driver_a, driver_b, "driver")
+    assert driver_a["scheduler"]["buffer"] and driver_a["scheduler"]["planner"]["delta_ctrl"]
 
 
 def assert_same_state(a, b, where: str) -> None:
-    """Nested checkpoint state: tensors equal to 1e-6, everything else exactly."""
+    """Nested checkpoint state: tensors and floats equal to 1e-6, everything else exactly."""
     if isinstance(a, torch.Tensor):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=where)
     elif isinstance(a, dict):
@@ -208,5 +212,7 @@ def assert_same_state(a, b, where: str) -> None:
             assert_same_state(x, y, f"{where}[{i}]")
     elif hasattr(a, "__dict__") and not isinstance(a, enum.Enum):   # DeepSpeed's loss scaler, fragments
         assert_same_state(vars(a), vars(b), where)
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6), (where, a, b)
     else:
         assert a == b, (where, a, b)
