@@ -6,7 +6,7 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from asr_grpo.config.schema import CompareConfig, RunConfig
+from asr_grpo.config.schema import CompareConfig, ForecastConfig, RunConfig
 
 # conf/ sits at the repository root (editable install); entry points point Hydra here.
 CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
@@ -15,3 +15,4 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(name="compare_schema", node=CompareConfig)
+    cs.store(name="forecast_schema", node=ForecastConfig)

@@ -253,3 +253,61 @@ class CostFitter:
 
 def profile_dict(costs: CostProfile) -> dict:
     return asdict(costs)
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when (numerically) singular."""
+    n = len(b)
+    m = [row[:] + [v] for row, v in zip(a, b)]
+    scale = max((abs(x) for row in a for x in row), default=0.0) or 1.0
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) <= 1e-12 * scale:
+            return None
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def nonneg_least_squares(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
+    """min |X c - y|² subject to c >= 0, for a few columns: the optimum is the plain least
+    squares fit on some set of columns, so every set is tried and the best feasible kept."""
+    if not rows:
+        raise ValueError("nonneg_least_squares: no observations")
+    k = len(rows[0])
+    best, best_err = [0.0] * k, sum(v * v for v in y)
+    for mask in range(1, 2 ** k):
+        cols = [j for j in range(k) if mask >> j & 1]
+        gram = [[sum(r[i] * r[j] for r in rows) for j in cols] for i in cols]
+        sol = _solve(gram, [sum(r[i] * v for r, v in zip(rows, y)) for i in cols])
+        if sol is None or min(sol) < 0:
+            continue
+        coef = [0.0] * k
+        for j, c in zip(cols, sol):
+            coef[j] = c
+        err = sum((sum(r[j] * coef[j] for j in range(k)) - v) ** 2 for r, v in zip(rows, y))
+        if err < best_err * (1 - 1e-9):
+            best, best_err = coef, err
+    return best
+
+
+def fit_round_costs(decode_s: Sequence[float], rounds: Sequence[float], rows: Sequence[float],
+                    calls: Sequence[float] | None = None) -> dict[str, float]:
+    """Per-step decode time = a · rounds + b · rows decoded (+ c · decode calls, which
+    carry the prefill and call overhead), by non-negative least squares: what a run that
+    logs only per-step totals (`overlap/decode_rounds`, `overlap/rows_decoded`,
+    `perf/time/rollout_decode`) says about a decode round's fixed and per-row cost.
+    `spread` is the relative spread of rows per round over the steps: near 0 the steps
+    cannot tell a from b apart (the fit then rests on whichever column fits first)."""
+    n = len(decode_s)
+    if n == 0 or len(rounds) != n or len(rows) != n:
+        raise ValueError("fit_round_costs: need equal-length, non-empty per-step series")
+    cols = [list(rounds), list(rows)] + ([list(calls)] if calls is not None else [])
+    a, b, *rest = nonneg_least_squares([list(r) for r in zip(*cols)], list(decode_s))
+    ratios = [w / r for w, r in zip(rows, rounds) if r > 0]
+    mean = sum(ratios) / len(ratios) if ratios else 0.0
+    spread = (max(ratios) - min(ratios)) / mean if mean > 0 else 0.0
+    return {"round_fixed_s": a, "round_per_row_s": b, "per_call_s": rest[0] if rest else 0.0, "spread": spread}

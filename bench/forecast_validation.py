@@ -1,0 +1,424 @@
+"""How far to trust `python -m asr_grpo.forecast`: its predictions next to measurements and
+to the OPPO paper.
+
+    python bench/forecast_validation.py            # (a) paper setup, (b) seed scenario, (c) H200 oppo from none
+    python bench/forecast_validation.py --cpu-benchmark bench/results/overlap_speedup.json \\
+        [--tracking-uri sqlite:///outputs/mlflow.db]   # (d) adds the CPU benchmark: every mode from its `none` runs
+
+Writes bench/results/forecast_validation.{json,md} (--out to change); --cpu-benchmark merges
+into an existing JSON, so (a)-(c) need not run again (--skip-scenarios).
+
+(a) The OPPO paper's main setup (forecast_scenario=paper_ppo_7b: Qwen2.5-7B actor with a
+    value head, a 7B reward model, 8 H200s as 7 + 1, batch 112, long-tailed responses),
+    next to the paper's intra 1.2-1.3x, inter 1.6-2.06x and both 1.8-2.8x (ablation on
+    time to a reward; main table), with the assumptions varied one at a time.
+(b) The seed scenario: Qwen3-ASR-1.7B GRPO on one 8-GPU H100 node, colocated, for
+    short-form, mixed and long-form audio.
+(c) bench/results/gpu_h200/*.json (the tiny model on one H200, an older version of the
+    code, summaries only): a serial profile from each `none` summary, the decode round's
+    fixed and per-row cost fitted over all of them, `oppo` predicted (its trial
+    controller, as those runs used) and compared with the measured `oppo` median step.
+(d) The CPU benchmark (bench/overlap_speedup.py's JSON: per mode the MLflow run ids, the
+    store in outputs/mlflow.db): for each `none` run, profile=run, every mode predicted
+    with the workload's overlap settings, against the measured median steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER = {"intra": (1.2, 1.3), "inter": (1.6, 2.06), "oppo": (1.8, 2.8)}
+MODES = ("none", "intra", "inter", "oppo")
+
+
+def compose(*overrides: str):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from asr_grpo.config import register_configs
+    from asr_grpo.config.store import CONF_DIR
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose("forecast", overrides=["log_to_mlflow=false", "plot=false", *overrides])
+
+
+def forecast(*overrides: str) -> dict:
+    from asr_grpo.forecast import profiles, report, simulate
+
+    cfg = compose(*overrides)
+    profile, workload = profiles.build(cfg)
+    res = simulate(profile, workload, cfg.overlap, list(cfg.modes), int(cfg.steps), int(cfg.warmup), cfg.reward_trend)
+    fig = report.figures(res, profile, workload)
+    out = {m: {"step_s": s["step_s"], "speedup": s["speedup"], "chunk": s["chunk"], "delta": s["delta"],
+               "phases_s": s["phases_s"], "busy_s": s["busy_s"], "stale_share": s["stale_share"]}
+           for m, s in fig["modes"].items()}
+    return {"overrides": list(overrides), "modes": out, "response_length": fig["workload"]["response_length"],
+            "notes": fig["profile"]["notes"], "table": report.table(fig)}
+
+
+# ---- (a) the paper -----------------------------------------------------------------------------
+def paper_scenario() -> dict:
+    base = ["forecast_scenario=paper_ppo_7b"]
+    variants = {
+        "as stated (HF generate, 20 ms a round beyond the roofline)": [],
+        "CUDA-graph engine (2 ms a round)": ["gpu.round_overhead_s=0.002"],
+        "shorter responses (median 200, log-sd 0.7)": ["lengths.components=[{weight:1,median:200,sigma:0.7}]"],
+        "cost-model planner instead of the paper's trials": ["overlap.controller=cost_model",
+                                                             "overlap.chunk_candidates=[128,256,512]"],
+        "reward converged (Δ shrinks)": ["reward_trend=flat"],
+        "reference also streamed (hidden 0.5 on the 7 GPUs)": ["placement.stream=[ref,reward_model]"],
+    }
+    out = {}
+    for name, extra in variants.items():
+        r = forecast(*base, *extra)
+        r["vs_paper"] = {m: {"forecast": r["modes"][m]["speedup"], "paper": PAPER[m],
+                             "inside": PAPER[m][0] <= r["modes"][m]["speedup"] <= PAPER[m][1]} for m in PAPER}
+        out[name] = r
+        print(f"(a) {name}: " + ", ".join(f"{m} {r['modes'][m]['speedup']:.2f}x" for m in PAPER), flush=True)
+    return out
+
+
+# ---- (b) the seed scenario -------------------------------------------------------------------------
+def seed_scenario() -> dict:
+    out = {}
+    for lengths in ("asr_short", "asr_mix", "asr_long"):
+        r = forecast("forecast_scenario=seed_asr_1p7b_h100", f"forecast_lengths={lengths}")
+        out[lengths] = r
+        print(f"(b) {lengths}: " + ", ".join(f"{m} {r['modes'][m]['step_s']:.3f} s {r['modes'][m]['speedup']:.2f}x"
+                                             for m in MODES), flush=True)
+    r = forecast("forecast_scenario=seed_asr_1p7b_h100", "forecast_lengths=asr_mix", "overlap.delta_init=8")
+    out["asr_mix, inter with Δ = 8 (one per engine)"] = r
+    print("(b) asr_mix, Δ=8: " + ", ".join(f"{m} {r['modes'][m]['speedup']:.2f}x" for m in MODES), flush=True)
+    return out
+
+
+# ---- (c) the H200 runs -----------------------------------------------------------------------------
+def overlap_for(mode: str, overrides: list[str]):
+    """The overlap config a benchmark run of `mode` composed (conf/overlap/<mode>.yaml + the workload's knobs)."""
+    from asr_grpo.forecast.runfit import compose_run_config
+
+    flat = compose_run_config([f"overlap={mode}", *[o for o in overrides if o.startswith("overlap.")]])
+    return OmegaConf.create({k.split(".", 1)[1]: _value(v) for k, v in flat.items() if k.startswith("overlap.")})
+
+
+def _value(v: str):
+    """A flattened param back to its value (lists, numbers, booleans, strings)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(v)
+    except yaml.YAMLError:
+        return v
+
+
+class ReplayPlanner:
+    """The chunk and Δ a run logged per step (its MLflow `overlap/chunk`, `overlap/delta`),
+    replayed: what the cost model alone gets wrong, without the controller's choices."""
+    wants_costs = False
+
+    def __init__(self, chunks: list[float], deltas: list[float]):
+        self.chunks, self.deltas = chunks, deltas
+
+    def plan(self, step: int):
+        from asr_grpo.overlap.planners import StepPlan
+
+        k = min(step, len(self.chunks) - 1)
+        return StepPlan(int(self.chunks[k]) or None, int(self.deltas[k]))
+
+    def observe(self, obs) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def h200_oppo_from_none() -> dict:
+    from asr_grpo.forecast.profiles import run_profile
+    from asr_grpo.forecast.runfit import from_summary
+    from asr_grpo.forecast.simulator import ModeResult, Simulation
+    from asr_grpo.overlap.cost_model import fit_round_costs
+
+    files = sorted((REPO / "bench/results/gpu_h200").glob("*.json"))
+    entries = [(f, json.loads(f.read_text())[0]) for f in files]
+    facts = {f.name: from_summary(str(f)) for f, _ in entries}
+    # One machine, one model, one engine: the decode round's costs fitted over every serial
+    # run (each gives one equation in its mean step). The brief's model, a·rounds + b·rows,
+    # is the forecast; with a rebuild cost per prompt as a third unknown (c·prompts), the four
+    # equations fit a = 0: shown beside it, as what the data cannot decide.
+    steps = [fa.steps[0] for fa in facts.values()]
+    prompts = [float(fa.get("trainer.prompts_per_step", 8)) for fa in facts.values()]
+    cols = ([s["decode_s"] for s in steps], [s["rounds"] for s in steps], [s["rows"] for s in steps])
+    fits = {"a + b rows": fit_round_costs(*cols), "a + b rows + c prompts": fit_round_costs(*cols, prompts)}
+    out = {"round_costs": fits, "runs": {}}
+    for f, entry in entries:
+        fa, runs = facts[f.name], entry["runs"]
+        cfg = compose("profile=run", f"run.summary_json={f}", "forecast_placement=single_gpu")
+        n_steps = len(runs["oppo"]["step_s"])
+        ov = overlap_for("oppo", entry["overrides"])
+        # Those runs' oppo was the paper's trial controller, one step per candidate from the
+        # first step (their logged chunks: 8, 16, 32, then the fastest).
+        ov.controller, ov.chunk_trial_steps, ov.chunk_trial_warmup = "trial", 1, 0
+        measured = {m: statistics.median(runs[m]["step_s"][1:]) for m in ("none", "oppo")}
+        row = {"workload": entry["workload"], "steps": n_steps, "measured_step_s": measured,
+               "measured_speedup": measured["none"] / measured["oppo"], "fits": {}}
+        for fit_name, rc in fits.items():
+            B = float(fa.get("trainer.prompts_per_step", 8))
+            profile, workload = run_profile(cfg, fa, {"round_fixed_s": rc["round_fixed_s"],
+                                                      "round_per_row_s": rc["round_per_row_s"],
+                                                      "rebuild_s": rc["per_call_s"] * B, "source": fit_name})
+            got = {"notes": profile.notes}
+            for how in ("planner", "replay"):
+                sims = {}
+                for mode in ("none", "oppo"):
+                    sim = Simulation(profile, workload, ov, mode)
+                    if mode == "oppo" and how == "replay":
+                        sim.scheduler.planner = ReplayPlanner(runs["oppo"]["chunk"], runs["oppo"]["delta"])
+                    sims[mode] = ModeResult(mode, sim.run(n_steps), 1)
+                pred = {m: r.summary()["step_s"] for m, r in sims.items()}
+                speedup = pred["none"] / pred["oppo"]
+                oppo_from_none = measured["none"] / speedup
+                got[how] = {"predicted_step_s": pred, "predicted_speedup": speedup,
+                            "predicted_phases_s": {m: r.summary()["phases_s"] for m, r in sims.items()},
+                            "oppo_step_from_measured_none_s": oppo_from_none,
+                            "oppo_error": oppo_from_none / measured["oppo"] - 1,
+                            "plans": sims["oppo"].summary()["plans"]}
+            row["fits"][fit_name] = got
+        out["runs"][f.name] = row
+        print(f"(c) {f.name}: measured {row['measured_speedup']:.2f}x; predicted " + "; ".join(
+            f"[{k}] {v['planner']['predicted_speedup']:.2f}x (replay {v['replay']['predicted_speedup']:.2f}x), "
+            f"oppo error {v['planner']['oppo_error']:+.0%} (replay {v['replay']['oppo_error']:+.0%})"
+            for k, v in row["fits"].items()), flush=True)
+    out["mean_abs_oppo_error"] = {k: statistics.fmean(abs(r["fits"][k]["planner"]["oppo_error"])
+                                                      for r in out["runs"].values()) for k in fits}
+    return out
+
+
+# ---- (d) the CPU benchmark ---------------------------------------------------------------------------
+def cpu_benchmark(path: str, tracking_uri: str, warmup: int = 3) -> dict:
+    """Every workload of bench/overlap_speedup.py's JSON: from each `none` run (MLflow),
+    profile=run; every mode predicted with the workload's overlap knobs; the predicted
+    median step next to the measured one (medians over the runs' steps after `warmup`)."""
+    from asr_grpo.forecast.profiles import run_profile
+    from asr_grpo.forecast.runfit import from_mlflow
+    from asr_grpo.forecast.simulator import ModeResult, Simulation
+
+    data = json.loads(Path(path).read_text())
+    out = {}
+    for entry in data if isinstance(data, list) else [data]:
+        modes = entry["modes"]
+        # The new format lists run ids per mode, the old one a run summary per mode.
+        none_ids = modes["none"].get("run_ids") or [entry.get("runs", {}).get("none", {}).get("run_id")]
+        # The new format reports steps measured after `warmup`; the old one all its steps.
+        skip = warmup if "measured_steps" in entry else 1
+        steps_total = entry["measured_steps"] + warmup if "measured_steps" in entry else entry.get("steps", 10)
+        rows = {}
+        for rid in [r for r in none_ids if r]:
+            facts = from_mlflow(rid, tracking_uri, skip_steps=skip)
+            cfg = compose("profile=run", f"run.run_id={rid}", f"run.tracking_uri={tracking_uri}")
+            profile, workload = run_profile(cfg, facts)
+            pred = {}
+            for mode in modes:
+                sim = Simulation(profile, workload, overlap_for(mode, entry["overrides"]), mode)
+                pred[mode] = ModeResult(mode, sim.run(steps_total), skip).summary()
+            rows[rid] = {m: {"predicted_step_s": p["step_s"], "plans": p["plans"]} for m, p in pred.items()}
+            rows[rid]["notes"] = profile.notes
+        per_mode = {}
+        for mode in modes:
+            predicted = statistics.median(r[mode]["predicted_step_s"] for r in rows.values())
+            measured = modes[mode]["median_step_s"]
+            per_mode[mode] = {"predicted_step_s": predicted, "measured_step_s": measured,
+                              "error": predicted / measured - 1,
+                              "predicted_speedup": statistics.median(
+                                  r["none"]["predicted_step_s"] / r[mode]["predicted_step_s"] for r in rows.values()),
+                              "measured_speedup": modes[mode].get("step_speedup")}
+        out[entry["workload"]] = {"modes": per_mode, "none_runs": rows}
+        print(f"(d) {entry['workload']}: " + ", ".join(
+            f"{m} {v['predicted_step_s']:.2f} vs {v['measured_step_s']:.2f} s ({v['error']:+.0%})"
+            for m, v in per_mode.items()), flush=True)
+    return out
+
+
+# ---- what the numbers say ---------------------------------------------------------------------------
+def _verdict(x: float, lo: float, hi: float) -> str:
+    return "inside" if lo <= x <= hi else ("under" if x < lo else "over")
+
+
+def discuss(res: dict) -> None:
+    """The prose under each table, its figures read from the results."""
+    if "paper" in res:
+        pa = res["paper"]
+        base = pa["as stated (HF generate, 20 ms a round beyond the roofline)"]["modes"]
+        cg = pa["CUDA-graph engine (2 ms a round)"]["modes"]
+        none = base["none"]
+        at_most = none["step_s"] / (none["step_s"] - none["phases_s"]["scoring"])
+        res["paper_discussion"] = (
+            "**Against the paper** (as stated): " + ", ".join(
+                f"{name} {base[m]['speedup']:.2f}x against {PAPER[m][0]}-{PAPER[m][1]}x "
+                f"({_verdict(base[m]['speedup'], *PAPER[m])})"
+                for m, name in (("intra", "intra"), ("inter", "inter"), ("oppo", "both"))) + ". "
+            "*Intra:* in this roofline the reward model scores the batch (112 sequences, ~95k tokens, unpadded, "
+            f"batched, 50% of peak on one H200) in {none['phases_s']['scoring']:.1f} s of a {none['step_s']:.0f} s "
+            f"serial step, so hiding all of it is worth at most ~{at_most:.2f}x. "
+            "The paper's 1.2-1.3x says its serial step spent ~17-23% after generation in reward scoring: TRL scores "
+            "micro-batches padded to their longest response (with this distribution ~4x the tokens) with eager HF "
+            "forwards. The assumption that differs is the scorer's efficiency, not the overlap. *Inter and both* "
+            f"come from the decode-bound serial step (decode {none['phases_s']['rollout']:.0f} of "
+            f"{none['step_s']:.0f} s, with HF generate's ~20 ms a round beyond the roofline): with a CUDA-graph "
+            f"engine (2 ms a round) the serial step is {cg['none']['step_s']:.0f} s and inter / both give "
+            f"{cg['inter']['speedup']:.2f}x / {cg['oppo']['speedup']:.2f}x. When the reward stops improving, the "
+            "paper's slope rule takes Δ to 0 and both fall to intra's figure.")
+    if "seed" in res:
+        sd = res["seed"]
+        short, mix = sd["asr_short"]["modes"], sd["asr_mix"]["modes"]
+        mix8 = sd["asr_mix, inter with Δ = 8 (one per engine)"]["modes"]
+        train_share = short["none"]["phases_s"]["training"] / short["none"]["step_s"]
+        res["seed_discussion"] = (
+            f"**Seed scenario:** oppo {short['oppo']['speedup']:.2f}x (short-form), {mix['oppo']['speedup']:.2f}x "
+            f"(80/20 short/long-form mix), {sd['asr_long']['modes']['oppo']['speedup']:.2f}x (long-form), at chunk "
+            f"{mix['oppo']['chunk']} / Δ {mix['oppo']['delta']} (mix) chosen by the cost-model planner. On 8 engines "
+            f"`inter` with Δ = 4 gives {mix['inter']['speedup']:.2f}x (mix), with "
+            f"{100 * mix['inter']['stale_share']:.0f}% stale samples: the scheduler asks each engine for its share "
+            "of the groups still needed, rounded up "
+            "(`RolloutScheduler._quotas`), so with fewer extra groups than engines every engine still waits for "
+            f"all of its own. With Δ = 8 (one per engine) inter gives {mix8['inter']['speedup']:.2f}x; oppo's "
+            "chunked calls re-apportion the quota every chunk and stop within a chunk of the B-th group overall, "
+            "which is most of its gain over inter at the same Δ. Streaming the reference alone (GRPO: no critic, "
+            f"rule rewards) gives {short['intra']['speedup']:.2f}x: serially the reference scores in "
+            f"{1e3 * short['none']['busy_s'].get('ref', 0.0):.0f} ms (each prompt's audio once for its 8 samples, "
+            "on all 8 GPUs) while every streamed chunk costs each engine part of a forward call. Training (256 "
+            f"sequences whose prompts are ~65% audio tokens) is {train_share:.0%} of the serial short-form step, and "
+            "nothing hides it.")
+    if "h200" in res:
+        h = res["h200"]
+        fits = list(h["mean_abs_oppo_error"])
+        errs = {k: [r["fits"][k]["planner"]["oppo_error"] for r in h["runs"].values()] for k in fits}
+        between = sum(min(a, b) <= 0 <= max(a, b) for a, b in zip(*errs.values()))
+        over = sum(e < 0 for e in errs[fits[0]])
+        res["h200_discussion"] = (
+            "**H200, oppo from none:** the four serial summaries give one equation each and cannot tell a round's "
+            f"fixed cost from a per-row or per-prompt cost. The brief's fit ({fits[0]}) puts the decode on rounds and "
+            f"over-predicts what cutting the tail saves in {over} runs of {len(errs[fits[0]])} (oppo-step errors "
+            + ", ".join(f"{e:+.0%}" for e in errs[fits[0]])
+            + f"; mean |error| {h['mean_abs_oppo_error'][fits[0]]:.0%}); "
+            f"with a per-prompt rebuild cost ({fits[1]}) the errors are "
+            + ", ".join(f"{e:+.0%}" for e in errs[fits[1]]) + f" ({h['mean_abs_oppo_error'][fits[1]]:.0%}). In "
+            f"{between} runs of {len(errs[fits[0]])} the measured step lies between the two. Replaying the logged "
+            "chunk and Δ moves the errors by a few points: the cost model, not the planner, carries the error. The "
+            "runs' own noise is of the same order: the same `default` workload measured 0.89x over 25 steps and "
+            "1.20x over 6. What would settle it is a serial run that logs its per-round decode costs (the engines' "
+            "`take_decode_stats`, which today only the cost-model planner reads).")
+
+
+# ---- the report ------------------------------------------------------------------------------------
+def markdown(res: dict) -> str:
+    out = ["# Forecast validation", "", "Written by `python bench/forecast_validation.py` (see its docstring). "
+           "Speedups are step-time ratios against the serial (`none`) step of the same simulation.", ""]
+    if "paper" in res:
+        out += ["## (a) The OPPO paper's main setup", "",
+                "`python -m asr_grpo.forecast forecast_scenario=paper_ppo_7b`: Qwen2.5-7B actor with a value head, "
+                "Qwen2.5-7B reward model on its own H200, 7 H200s generating and training, batch 112, one "
+                "response per prompt, 4 PPO epochs, lognormal responses (median 400 tokens, log-sd 0.9, cap "
+                "4,096), the paper's trial controller. Nothing was tuned toward the paper's figures.", "",
+                "| variant | none step (s) | intra | inter | oppo (chunk / Δ) |", "|---|---|---|---|---|",
+                "| **paper** | - | " + " | ".join(f"{lo}-{hi}x" for lo, hi in PAPER.values()) + " |"]
+        for name, r in res["paper"].items():
+            m = r["modes"]
+            out.append(f"| {name} | {m['none']['step_s']:.1f} | {m['intra']['speedup']:.2f}x | "
+                       f"{m['inter']['speedup']:.2f}x | {m['oppo']['speedup']:.2f}x ({m['oppo']['chunk']} / "
+                       f"{m['oppo']['delta']}) |")
+        first = next(iter(res["paper"].values()))
+        out += ["", "As stated, per mode:", "", first["table"], ""]
+        if res.get("paper_discussion"):
+            out += [res["paper_discussion"], ""]
+    if "seed" in res:
+        out += ["## (b) The seed scenario: Qwen3-ASR-1.7B GRPO, one 8-GPU H100 node, colocated", "",
+                "`python -m asr_grpo.forecast forecast_scenario=seed_asr_1p7b_h100 forecast_lengths=<mix>`: 32 "
+                "utterances x 8 samples, actor 0.75 / reference 0.25 of each GPU, 8 rollout engines, cost-model "
+                "planner (chunks 16/32/64, Δ up to 8).", "",
+                "| audio | response p50 / p99 (tokens) | none step (s) | intra | inter | oppo (chunk / Δ) |",
+                "|---|---|---|---|---|---|"]
+        for name, r in res["seed"].items():
+            m, rl = r["modes"], r["response_length"]
+            out.append(f"| {name} | {rl['p50']:.0f} / {rl['p99']:.0f} | {m['none']['step_s']:.3f} | "
+                       f"{m['intra']['speedup']:.2f}x | {m['inter']['speedup']:.2f}x (Δ {m['inter']['delta']}) | "
+                       f"{m['oppo']['speedup']:.2f}x ({m['oppo']['chunk']} / {m['oppo']['delta']}) |")
+        first = next(iter(res["seed"].values()))
+        out += ["", "Short-form audio, per mode:", "", first["table"], ""]
+        if res.get("seed_discussion"):
+            out += [res["seed_discussion"], ""]
+    if "h200" in res:
+        h = res["h200"]
+        out += ["## (c) `oppo` predicted from `none`: the H200 runs (bench/results/gpu_h200/)", "",
+                "Each run's serial summary gives the profile (scoring and training per token, sync, the rest); the "
+                "decode round's costs are fitted over the four serial runs (one equation each):"]
+        for name, rc in h["round_costs"].items():
+            out.append(f"- {name}: a = {1e3 * rc['round_fixed_s']:.2f} ms per round, b = "
+                       f"{1e3 * rc['round_per_row_s']:.4f} ms per row" + (f", c = {1e3 * rc['per_call_s']:.1f} ms per "
+                                                                         "prompt rebuilt" if "prompts" in name else ""))
+        out += ["", "`oppo` as those runs ran it: the trial controller, one step per chunk candidate. *Planner*: the "
+                "forecast's own plans; *replay*: the chunk and Δ the run logged at each step. Predicted oppo step = "
+                "measured none median / predicted speedup (medians without the first step).", "",
+                "| run | steps | measured none / oppo (s) | measured speedup | decode fit | predicted speedup "
+                "(planner / replay) | oppo error (planner / replay) |", "|---|---|---|---|---|---|---|"]
+        for name, r in h["runs"].items():
+            for fit_name, v in r["fits"].items():
+                out.append(f"| {name} | {r['steps']} | {r['measured_step_s']['none']:.3f} / "
+                           f"{r['measured_step_s']['oppo']:.3f} | {r['measured_speedup']:.2f}x | {fit_name} | "
+                           f"{v['planner']['predicted_speedup']:.2f}x / {v['replay']['predicted_speedup']:.2f}x | "
+                           f"{v['planner']['oppo_error']:+.0%} / {v['replay']['oppo_error']:+.0%} |")
+        out += ["", "Mean absolute error of the predicted oppo step: " + ", ".join(
+            f"{k}: {v:.0%}" for k, v in h["mean_abs_oppo_error"].items()) + ".", ""]
+        if res.get("h200_discussion"):
+            out += [res["h200_discussion"], ""]
+    if "cpu_benchmark" in res:
+        out += ["## (d) The CPU benchmark: every mode predicted from its `none` runs", "",
+                "| workload | mode | predicted step (s) | measured (s) | error | predicted / measured speedup |",
+                "|---|---|---|---|---|---|"]
+        for w, r in res["cpu_benchmark"].items():
+            for mode, v in r["modes"].items():
+                ms = v["measured_speedup"]
+                out.append(f"| {w} | {mode} | {v['predicted_step_s']:.2f} | {v['measured_step_s']:.2f} | "
+                           f"{v['error']:+.0%} | {v['predicted_speedup']:.2f}x / "
+                           f"{'-' if ms is None else f'{ms:.2f}x'} |")
+        out.append("")
+    else:
+        out += ["## (d) The CPU benchmark", "", "Not yet run: `python bench/forecast_validation.py --cpu-benchmark "
+                "bench/results/overlap_speedup.json --skip-scenarios` once the benchmark has finished.", ""]
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(REPO / "bench/results/forecast_validation"), help="path without .json/.md")
+    ap.add_argument("--cpu-benchmark", help="bench/overlap_speedup.py's JSON (MLflow run ids per mode)")
+    ap.add_argument("--tracking-uri", default=f"sqlite:///{REPO}/outputs/mlflow.db")
+    ap.add_argument("--skip-scenarios", action="store_true", help="keep (a)-(c) from the existing JSON")
+    args = ap.parse_args()
+    out = Path(args.out)
+    res = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
+    if not args.skip_scenarios:
+        res = {"paper": paper_scenario(), "seed": seed_scenario(), "h200": h200_oppo_from_none(),
+               **({"cpu_benchmark": res["cpu_benchmark"]} if "cpu_benchmark" in res else {})}
+        discuss(res)
+    if args.cpu_benchmark:
+        res["cpu_benchmark"] = cpu_benchmark(args.cpu_benchmark, args.tracking_uri)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
+    out.with_suffix(".md").write_text(markdown(res))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
