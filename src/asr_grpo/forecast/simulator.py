@@ -107,7 +107,7 @@ class Simulation:
         prior = profile.stream_hidden if self.stream_lanes else 1.0
         self.scheduler = RolloutScheduler(mode_config(overlap_cfg, mode), workload.B, LocalGroup(self.hosts), groups,
                                           frozen_scorers=FROZEN, stream_hidden_prior=prior,
-                                          resolve=make_resolve(clock))
+                                          resolve=make_resolve(clock), clock=lambda: clock.now)
         self._source = workload.source()
 
     # ---- one step --------------------------------------------------------------------------

@@ -63,7 +63,6 @@ def decode_seconds(stats: dict) -> float:
 
 
 class FixedPlanner:
-    wants_costs = False
 
     def __init__(self, chunk: int | None, delta: int):
         self._plan = StepPlan(chunk, delta)
@@ -83,7 +82,6 @@ class FixedPlanner:
 
 class TrialPlanner:
     """The paper's two controllers side by side."""
-    wants_costs = False
 
     def __init__(self, cfg):
         self.chunk_ctrl = ChunkSizeController.from_config(cfg)
@@ -111,7 +109,6 @@ class TrialPlanner:
 
 
 class CostModelPlanner:
-    wants_costs = True
 
     def __init__(self, cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0):
         self.B = prompts_per_step

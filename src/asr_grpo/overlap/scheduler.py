@@ -100,14 +100,15 @@ class StepRollout:
 class RolloutScheduler:
     def __init__(self, overlap_cfg, prompts_per_step: int, hosts, scorers: dict | None = None,
                  restore_host: Callable[[int], None] | None = None, frozen_scorers: Iterable[str] = (),
-                 stream_hidden_prior: float = 0.0, resolve: Callable = ray.get):
+                 stream_hidden_prior: float = 0.0, resolve: Callable = ray.get,
+                 clock: Callable[[], float] = time.monotonic):
         self.mode = overlap_cfg.mode
         if self.mode not in MODES:
             raise ValueError(f"overlap.mode={self.mode!r}: expected one of {', '.join(MODES)}")
         self.streaming, self.overcommit = MODES[self.mode]
         self.B, self.hosts = prompts_per_step, hosts
         # How a call's result is awaited: ray.get, or the forecast's simulated clock.
-        self._get = resolve
+        self._get, self._clock = resolve, clock
         # Puts the current weights on a restarted host; None: a host's death is fatal.
         self.restore_host = restore_host
         self.host_restarts = 0
@@ -117,6 +118,7 @@ class RolloutScheduler:
         self.frozen = set(frozen_scorers) & set(self.scorers)
         self.planner = make_planner(overlap_cfg, prompts_per_step, stream_hidden_prior)
         self.stop_check_every = int(overlap_cfg.stop_check_every)
+        self.recheck_tokens = int(overlap_cfg.chunk_size)
         self.buffer: list[BufferedGroup] = []
         self.round = 0   # decode calls so far
         self.tick = 0    # decode rounds (one token for every live sequence) so far
@@ -143,7 +145,7 @@ class RolloutScheduler:
     def rollout(self, step: int, new_groups: Callable[[int], list[PromptGroup]]) -> StepRollout:
         """Refill the buffer to B + Δ, decode until B groups are finished (all of them
         without overcommit), hand those over; the rest stays for the next step."""
-        t0 = time.monotonic()
+        t0 = self._clock()
         plan = self._plan = self.plan_for(step)
         chunk, delta = plan.chunk, plan.delta
         self._begin_scorers(streaming=chunk is not None)
@@ -151,10 +153,14 @@ class RolloutScheduler:
         if want > 0:
             self._admit(new_groups(want))
         rounds = ticks = rows = 0
+        # Several hosts each stop at their share of the groups needed: calls of at most
+        # `recheck_tokens` let the driver recount the groups finished overall.
+        split = self.overcommit and self.hosts.world_size > 1
+        call_tokens = chunk if chunk is not None else (self.recheck_tokens if split else None)
         while not self._enough():
             before = {s.uid: len(s.tokens) for e in self.buffer for s in e.samples.values()}
             quotas = self._quotas()
-            replies = self._gather([self.hosts.call_rank(h, "decode", chunk, quotas[h], self.stop_check_every)
+            replies = self._gather([self.hosts.call_rank(h, "decode", call_tokens, quotas[h], self.stop_check_every)
                                     for h in range(self.hosts.world_size)])
             touched = [r for results in replies for r in results or []]
             if not touched and None not in replies:
@@ -166,7 +172,7 @@ class RolloutScheduler:
             self.tick, ticks, rows = self.tick + call_ticks, ticks + call_ticks, rows + sum(gained.values())
             if chunk is not None:
                 self._stream(touched)
-        t_decoded = time.monotonic()
+        t_decoded = self._clock()
         chosen = self._select()
         streamed = self._hand_over_streamed(chosen)
         results = {e.group.uid: e.results() for e in chosen}
@@ -190,7 +196,7 @@ class RolloutScheduler:
     def end_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Feed the planner what this step measured (phase times from `metrics`, decode
         costs from the hosts); returns the planner's own metrics to log."""
-        stats = merge_decode_stats(self._get(self.hosts.call("take_decode_stats"))) if self.planner.wants_costs else {}
+        stats = merge_decode_stats(self._get(self.hosts.call("take_decode_stats")))
         obs = StepObservation(step=step, plan=self._plan or StepPlan(None, 0), step_s=metrics.get("perf/time/step", 0.0),
                               rollout_s=metrics.get("perf/time/rollout", 0.0),
                               scoring_s=metrics.get("perf/time/scoring_wall", 0.0),
@@ -199,7 +205,9 @@ class RolloutScheduler:
                               samples=self._step_info.get("samples", 0),
                               mean_reward=metrics.get("reward/total", float("nan")),
                               decoded=self._step_info.get("decoded", False))
-        return self.planner.observe(obs)
+        rounds_s = sum(secs for _, secs in stats["rounds"].values())
+        return {"perf/time/decode_rounds": rounds_s, "perf/time/rollout_prefill": stats["prefill_seconds"],
+                **self.planner.observe(obs)}
 
     # ---- internals -----------------------------------------------------------------------
     def _begin_scorers(self, streaming: bool) -> None:
@@ -227,8 +235,14 @@ class RolloutScheduler:
             return [None] * world
         needed = self.B - sum(e.done for e in self.buffer)
         open_by_host = [sum(1 for e in self.buffer if e.host == h and not e.done) for h in range(world)]
-        total = sum(open_by_host)
-        return [min(o, max(1, -(-needed * o // total))) if o else None for o in open_by_host]
+        total = max(1, sum(open_by_host))
+        # Largest remainder: the quotas add up to exactly what is needed (rounding every
+        # host up would let each run to its own quota past the B-th group overall).
+        shares = [needed * o / total for o in open_by_host]
+        quotas = [int(x) for x in shares]
+        for h in sorted(range(world), key=lambda h: (quotas[h] - shares[h], h))[:needed - sum(quotas)]:
+            quotas[h] += 1
+        return [min(o, q) if o else None for o, q in zip(open_by_host, quotas)]
 
     def _admit(self, groups: list[PromptGroup]) -> None:
         world = self.hosts.world_size
