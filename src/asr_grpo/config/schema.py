@@ -27,6 +27,13 @@ class CorpusConfig:
     num_rl: int = 2000                # RL prompts: sentences SFT never saw (0: RL uses train)
     zh_fraction: float = 0.4          # share of Mandarin utterances
     long_fraction: float = 0.06       # share of long-form (8-15 s) utterances
+    # Share of the rl split that is long-form dictation (several sentences of one
+    # language, duration drawn in [longform_min_s, longform_max_s]): RL prompts whose
+    # responses run to hundreds of tokens. train/dev/test never change; 0 (off) leaves
+    # the corpus and its hash exactly as before these keys existed.
+    longform_fraction: float = 0.0
+    longform_min_s: float = 20.0
+    longform_max_s: float = 60.0
     noise_snr_db_min: float = 25.0    # light additive noise, SNR range in dB
     noise_snr_db_max: float = 40.0
     sample_rate: int = 16000
@@ -45,7 +52,9 @@ class DataConfig:
     rl_manifest: str = ""
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     sample_rate: int = 16000
-    max_duration_s: float = 30.0      # longer audio is rejected as absurd
+    # Longer audio is rejected as absurd. With the embedded corpus' long-form on, the
+    # limit is raised to corpus.longform_max_s: audio asked for is not absurd.
+    max_duration_s: float = 30.0
     min_duration_s: float = 0.1
     on_bad_audio: str = "error"       # "error": fail naming file+line; "skip": skip and count
 
@@ -171,9 +180,20 @@ class AlgorithmConfig:
 @dataclass
 class OverlapConfig:
     mode: str = "none"                # none | intra | inter | oppo
-    chunk_size: int = 16
-    chunk_candidates: list[int] = field(default_factory=lambda: [8, 16, 32])
-    chunk_trial_period: int = 20      # every P steps, trial each candidate for a step
+    # oppo: how chunk and Δ are chosen each step. cost_model: fitted from the run's own
+    # timings, least predicted time per trained sample (serial unless overlap pays);
+    # trial: the OPPO paper's periodic chunk trials + reward-slope Δ.
+    controller: str = "cost_model"
+    # Overcommit: the hosts check "B groups finished?" every this many decode rounds,
+    # whatever the chunk size (which only sets how often tokens stream to the scorers).
+    stop_check_every: int = 1
+    chunk_size: int = 16              # intra's chunk; the trial controller's size before its first round
+    chunk_candidates: list[int] = field(default_factory=lambda: [0, 8, 16, 32])   # 0: no streaming
+    chunk_trial_period: int = 20      # trial: every P steps a round tries each candidate
+    chunk_trial_warmup: int = 1       # trial: steps before the first round (start-up costs skew them)
+    chunk_trial_steps: int = 3        # trial: steps per candidate in a round (the median decides)
+    cost_model_warmup: int = 3        # cost_model: serial steps that fit the costs before it plans
+    cost_model_margin: float = 0.03   # cost_model: overlap only when predicted faster by this share
     delta_init: int = 0
     delta_min: int = 0
     delta_max: int = 4
@@ -246,7 +266,9 @@ class TrainerConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     zero_stage: int = 1
-    num_threads: int = 1
+    # torch threads per role rank. auto: follow the phase of the step (a rank computing alone takes
+    # its node's cores, ranks computing side by side split them); an integer pins every phase.
+    num_threads: int | str = "auto"
     eval_every: int = 20
     eval_max_utterances: int = 100
     save_every: int = 20
@@ -298,3 +320,133 @@ class CompareConfig:
     log_to_mlflow: bool = True        # report/ artifacts on the sweep's parent run (or a new compare run)
     register_best: bool = True        # log the best run's HF checkpoint and register it as a model version
     model_name: str = "asr-grpo-rl"
+
+
+# ---- the forecast: `python -m asr_grpo.forecast` (conf/forecast.yaml) ----------------------------
+
+
+@dataclass
+class ForecastGpuConfig:
+    """One GPU's public peak figures and the efficiencies the roofline assumes (conf/forecast_gpu)."""
+    name: str = "h100"
+    hbm_bandwidth_GBps: float = 3350.0   # peak HBM bandwidth
+    bf16_dense_tflops: float = 989.0     # peak dense bf16 tensor-core FLOP/s (no sparsity)
+    memory_GB: float = 80.0
+    interconnect_GBps: float = 450.0     # NVLink, one direction, per GPU (weight sync, gradient all-reduce)
+    mem_efficiency: float = 0.8          # share of peak bandwidth a decode round reaches
+    flop_efficiency: float = 0.5         # share of peak FLOP/s a prefill or scoring forward reaches
+    train_efficiency: float = 0.4        # share of peak FLOP/s forward + backward reaches (MFU)
+    round_overhead_s: float = 0.002      # per decode round beyond the roofline: launches, sampling, scheduling
+    call_overhead_s: float = 0.003       # per forward call outside the decode loop (launch, actor call)
+
+
+@dataclass
+class ForecastModelConfig:
+    """A decoder's shape (conf/forecast_model): what the roofline reads and writes per token."""
+    name: str = "qwen3_asr_1p7b"
+    layers: int = 28
+    hidden: int = 2048
+    heads: int = 16
+    kv_heads: int = 8
+    head_dim: int = 128
+    intermediate: int = 6144
+    vocab: int = 151936
+    tie_embeddings: bool = True
+    audio_encoder_params: float = 0.0    # frozen audio encoder: runs once per prompt, at prefill
+    dtype_bytes: int = 2                 # bf16 weights and KV cache
+    source: str = ""
+
+
+@dataclass
+class ForecastPlacementConfig:
+    """Which device group each role computes on (conf/forecast_placement). Roles that share
+    a group take turns on it, except streamed scoring during the decode (`stream_hidden`)."""
+    name: str = "colocate"
+    devices: dict[str, int] = field(default_factory=lambda: {"gpu": 8})   # device group -> GPUs
+    rollout: str = "gpu"         # where the rollout engines decode (actor group: hybrid engine)
+    engine_gpus: int = 1         # GPUs per rollout engine (tensor parallel)
+    actor: str = "gpu"           # training and old log-probs
+    ref: str = "gpu"             # "": no reference model
+    critic: str = ""             # "": no critic (GRPO, or a value head sharing the actor's backbone)
+    reward_model: str = ""       # "": rule rewards only
+    stream: list[str] = field(default_factory=lambda: ["ref", "critic", "reward_model"])   # intra/oppo stream to these
+    # Ray GPU fractions of the run's layout (conf/placement): which roles share a GPU. A
+    # fraction is bookkeeping, not a throughput share: roles on one GPU take turns.
+    fractions: dict[str, float] = field(default_factory=lambda: {"actor": 0.75, "ref": 0.25})
+    stream_hidden: Optional[float] = None   # share of a colocated scorer's streamed work the decode hides; None: 0.5
+    decode_call_s: float = 0.002            # driver -> engine round trip per decode call
+    reward_per_sample_s: float = 0.0002     # rule rewards (CPU) per sample: CER, keywords, language, smoothness
+    step_fixed_s: float = 0.05              # driver work per step outside the phases
+
+
+@dataclass
+class ForecastWorkloadConfig:
+    """The RL step's sizes (conf/forecast_workload)."""
+    name: str = "asr_grpo"
+    prompts_per_step: int = 32           # B, in prompt groups
+    n_samples: int = 8                   # samples per prompt
+    max_new_tokens: int = 256
+    prompt_text_tokens: int = 32         # system turn, language tag
+    audio_tokens_per_token: float = 4.0  # ASR: audio prompt tokens per transcript token (12.5 Hz audio, ~3 tok/s speech)
+    train_epochs: int = 1
+    recompute_old_logprobs: bool = True
+
+
+@dataclass
+class ForecastLengthComponent:
+    weight: float = 1.0
+    median: float = 20.0                 # tokens
+    sigma: float = 0.5                   # of log length, across prompts
+
+
+@dataclass
+class ForecastLengthsConfig:
+    """Response lengths (conf/forecast_lengths): a lognormal mixture per prompt, with the
+    samples of one prompt spread around its length; or a histogram file."""
+    name: str = "asr_short"
+    kind: str = "lognormal"              # lognormal | histogram
+    components: list[ForecastLengthComponent] = field(default_factory=lambda: [ForecastLengthComponent()])
+    sample_sigma: float = 0.05           # of log length, between the samples of one prompt
+    path: str = ""                       # histogram: JSON list of lengths (or of groups' lengths), or one per line
+    from_run: bool = True                # profile=run: the run's own distribution instead
+
+
+@dataclass
+class ForecastRunSourceConfig:
+    """profile=run: the `overlap=none` run to fit (an MLflow run, or a benchmark summary JSON)."""
+    run_id: str = ""
+    tracking_uri: str = "sqlite:///${paths.output_root}/mlflow.db"
+    summary_json: str = ""               # instead: bench/overlap_speedup-style JSON with a `none` run summary
+    workload: str = ""                   # which workload of that JSON ("": the first)
+    skip_steps: int = 1                  # first steps pay start-up costs
+    device: str = "auto"                 # cpu | gpu | auto (gpu when the run logged system/gpu_* metrics)
+    stream_call_s: float = 0.005         # a streaming scorer call's fixed cost (not in a serial run)
+    prompt_tokens: int = 64              # prompt tokens per group (re-prefill cost of carried tokens)
+    round_fixed_share: float = 0.12      # prior: fixed share of a mean round, when the steps cannot tell (CPU: 12%)
+
+
+@dataclass
+class ForecastConfig:
+    """`python -m asr_grpo.forecast`: OPPO's step time for every overlap mode, from the
+    real scheduler driving simulated hosts, scorers and trainer on a virtual clock."""
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    profile: str = "roofline"            # roofline | run | file
+    cost_file: str = ""                  # profile=file: a JSON cost table (bench/gpu_profile.sh writes one)
+    run: ForecastRunSourceConfig = field(default_factory=ForecastRunSourceConfig)
+    gpu: ForecastGpuConfig = field(default_factory=ForecastGpuConfig)
+    model: ForecastModelConfig = field(default_factory=ForecastModelConfig)
+    reward_model: ForecastModelConfig = field(default_factory=ForecastModelConfig)
+    placement: ForecastPlacementConfig = field(default_factory=ForecastPlacementConfig)
+    workload: ForecastWorkloadConfig = field(default_factory=ForecastWorkloadConfig)
+    lengths: ForecastLengthsConfig = field(default_factory=ForecastLengthsConfig)
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)   # every mode's knobs; the mode is set per run
+    modes: list[str] = field(default_factory=lambda: ["none", "intra", "inter", "oppo"])
+    steps: int = 40                      # simulated steps per mode
+    warmup: int = 8                      # first steps left out of the figures (buffer filling, planner warm-up)
+    reward_trend: str = "rising"         # rising | flat: the mean reward the Δ controllers see
+    seed: int = 0
+    json: str = ""                       # also write the figures here
+    output_dir: str = ""                 # "": <paths.output_root>/forecast/<time>
+    plot: bool = True
+    log_to_mlflow: bool = True
+    logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -119,7 +119,8 @@ def deepspeed_config(trainer_cfg, world_size: int, *, lr: Optional[float] = None
     _check(c.weight_decay >= 0, "weight_decay", ">= 0", c.weight_decay)
     _check(c.lr_warmup_steps >= 0, "lr_warmup_steps", ">= 0", c.lr_warmup_steps)
     _check(c.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {SCHEDULERS}", c.lr_scheduler)
-    _check(c.num_threads >= 1, "num_threads", ">= 1", c.num_threads)
+    _check(c.num_threads == "auto" or (isinstance(c.num_threads, int) and c.num_threads >= 1),
+           "num_threads", "'auto' or an integer >= 1", c.num_threads)
     lr = c.lr if lr is None else lr
     _check(lr > 0, "lr", "> 0", lr)
     if world_size < 1:
@@ -167,7 +168,8 @@ class TrainingEngine:
 
         world_size = torch.distributed.get_world_size()
         config = deepspeed_config(trainer_cfg, world_size, lr=lr, bf16=bf16)
-        torch.set_num_threads(trainer_cfg.num_threads)
+        if trainer_cfg.num_threads != "auto":   # auto: the roles set threads per phase (roles/base.py)
+            torch.set_num_threads(trainer_cfg.num_threads)
         self.zero_stage = trainer_cfg.zero_stage
         optimizer = torch.optim.AdamW(_param_groups(model, trainer_cfg.weight_decay),
                                       lr=trainer_cfg.lr if lr is None else lr)

@@ -19,7 +19,12 @@ from .placement import PlacementPlan, Slot
 DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # Placement-group resources are granted under names like "GPU_group_1_<pg id hex>".
 _PG_RESOURCE = re.compile(r"^.+_group_(\d+)_([0-9a-f]+)$")
-
+# libgomp reads these when torch loads, so they reach a rank only through its environment.
+# Its default spin-wait lets a thread team hold the core a preempted partner needs: with other
+# jobs on the box (Ray runs actors at nice 15) a 2-thread phase ran 6x slower than 1 thread.
+# A short spin keeps the quiet-box speed (bench/results/thread_phases.json). The driver's own
+# setting wins.
+OMP_ENV = {"GOMP_SPINCOUNT": "10000"}
 
 
 def where_am_i() -> dict:
@@ -110,7 +115,8 @@ class RoleGroup:
         base_env = (runtime_env or {}).get("env_vars", {})
         self._handles = []
         for slot in self.slots:
-            env = {**base_env, **(env_vars or {}), "RANK": str(slot.rank),
+            env = {**{k: os.environ.get(k, v) for k, v in OMP_ENV.items()}, **base_env, **(env_vars or {}),
+                   "RANK": str(slot.rank),
                    "WORLD_SIZE": str(len(self.slots)), "LOCAL_RANK": "0",
                    "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
             strategy = None if slot.bundle_index is None else PlacementGroupSchedulingStrategy(

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
-from asr_grpo.distributed.roles.base import ModelRole, join_process_group, rng_state, set_rng_state
+from asr_grpo.distributed.roles.base import ModelRole, join_process_group, phase, rng_state, set_rng_state
 from asr_grpo.distributed.roles.streaming import StreamScoringRole
 from asr_grpo.distributed.roles.training import run_updates
 from asr_grpo.experience.losses import critic_loss
@@ -24,7 +24,7 @@ class CriticRole(ModelRole, StreamScoringRole):
         join_process_group()
         model = ValueModel.from_pretrained(self.cfg.model.path, self.cfg.model.freeze_audio_encoder)
         self.pad_id = load_processor(self.cfg.model.path).tokenizer.pad_token_id
-        self.train_engine = TrainingEngine(model, self.cfg.trainer, lr=self.cfg.trainer.critic_lr,
+        self.train_engine = TrainingEngine(model, self.engine_trainer_cfg(), lr=self.cfg.trainer.critic_lr,
                                            num_training_steps=optimizer_steps)
         self.yield_cpu_to_actor(self.cfg.overlap.scorer_nice)
         self.scorer = StreamingScorer(lambda: value_forward(self.train_engine.module), self.pad_id,
@@ -37,6 +37,7 @@ class CriticRole(ModelRole, StreamScoringRole):
             yield module
 
     @busy
+    @phase("shared")
     @torch.no_grad()
     def compute_values(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
         with self.train_engine.gathered() as module:
@@ -45,6 +46,7 @@ class CriticRole(ModelRole, StreamScoringRole):
                                          self.cfg.trainer.micro_batch_size)
 
     @busy
+    @phase("train")
     def train(self, items: list[ExperienceItem]) -> dict[str, float]:
         cfg = self.cfg
         return run_updates(self.train_engine, items, cfg.trainer,

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
-from asr_grpo.distributed.roles.base import ModelRole, join_process_group, rng_state, set_rng_state
+from asr_grpo.distributed.roles.base import ModelRole, join_process_group, phase, rng_state, set_rng_state
 from asr_grpo.distributed.roles.rollout_host import RolloutHost, sampling_params
 from asr_grpo.distributed.roles.training import run_updates
 from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_model
@@ -27,7 +27,7 @@ class PolicyRole(ModelRole, RolloutHost):
         self.rank = rank
         model, self.processor = load_model(self.cfg.model.path, self.cfg.model.dtype)
         self.counts = set_audio_encoder_frozen(model, self.cfg.model.freeze_audio_encoder)
-        self.train_engine = TrainingEngine(model, self.cfg.trainer, lr=self.cfg.trainer.lr,
+        self.train_engine = TrainingEngine(model, self.engine_trainer_cfg(), lr=self.cfg.trainer.lr,
                                            num_training_steps=optimizer_steps)
         tok = self.processor.tokenizer
         self.pad_id = tok.pad_token_id
@@ -41,17 +41,20 @@ class PolicyRole(ModelRole, RolloutHost):
         return parameter_counts(self.train_engine.module).as_dict()
 
     @busy
+    @phase("shared")
     def compute_logprobs(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
         with self.train_engine.gathered() as module:
             module.eval()
             return self._logprobs(module, seqs, self.cfg.trainer.micro_batch_size)
 
     @busy
+    @phase("train")
     def train(self, items: list[ExperienceItem]) -> dict[str, float]:
         cfg = self.cfg
         return run_updates(self.train_engine, items, cfg.trainer,
                            lambda model, mb: actor_loss(model, mb, cfg.algorithm, self.pad_id, cfg.overlap))
 
+    @phase("solo")
     def transcribe(self, audios: list[np.ndarray], languages: list[str]) -> list[str]:
         with self.train_engine.gathered() as module:
             return transcribe(module, self.processor, audios, languages,

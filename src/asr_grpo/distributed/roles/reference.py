@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from asr_grpo.distributed.roles.base import ModelRole, role_device
+from asr_grpo.distributed.roles.base import ModelRole, phase, role_device
 from asr_grpo.distributed.roles.streaming import StreamScoringRole
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import load_model
@@ -26,5 +26,6 @@ class ReferenceRole(ModelRole, StreamScoringRole):
                                       max_batch_size=self.cfg.trainer.rollout_batch_size)
 
     @busy
+    @phase("shared")
     def compute_logprobs(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
         return self._logprobs(self.model, seqs, self.cfg.trainer.micro_batch_size)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from asr_grpo.distributed.roles.base import ModelRole, role_device
+from asr_grpo.distributed.roles.base import ModelRole, phase, role_device
 from asr_grpo.distributed.roles.streaming import StreamScoringRole
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import load_processor
@@ -49,6 +49,7 @@ class RewardModelRole(ModelRole, StreamScoringRole):
         return {uid: torch.tensor(fluency_from_logprobs(lp, self.reference_nll)) for uid, lp in scores.items()}
 
     @busy
+    @phase("shared")
     def compute_fluency(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
         """One-shot scoring of finished sequences (overlap modes without streaming)."""
         logprobs = response_token_logprobs(self.model, [s.response_ids for s in seqs], self.start_id,

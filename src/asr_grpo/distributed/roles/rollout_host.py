@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from asr_grpo.config.schema import AlgorithmConfig
 from asr_grpo.distributed.faults import RestartAware
+from asr_grpo.distributed.roles.base import phase
 from asr_grpo.rollout import ChunkedEngine, RolloutRequest, SamplingParams, SequenceResult, SequenceState
 from asr_grpo.tracking import busy
 
@@ -33,6 +34,7 @@ class RolloutHost(RestartAware):
         return len(self.engine.live())
 
     @busy
+    @phase("solo")
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
                stop_check_every: int = 1) -> list[SequenceResult]:
         """Advance every live sequence (up to `max_tokens`, or until `stop_after_groups`
