@@ -10,6 +10,7 @@ the whole sequence gives at the same columns.
 """
 from __future__ import annotations
 
+from itertools import chain
 from typing import Callable, Sequence
 
 import torch
@@ -45,19 +46,21 @@ class KVBatch:
                 features: Sequence[AudioFeatures] | None = None) -> list[torch.Tensor]:
         """Start the batch from left-padded prefixes; returns, per row, the outputs that
         predict its last `score_last[i]` prefix tokens (a resumed partial response)."""
-        width = max(len(p) for p in prefixes)
-        ids = torch.full((len(prefixes), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prefixes):
-            ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-            mask[i, width - len(p):] = 1
+        lengths = torch.as_tensor([len(p) for p in prefixes], dtype=torch.long)
+        width = int(lengths.max())
+        real = torch.arange(width)[None, :] >= width - lengths[:, None]
+        ids, mask = _scatter_rows(prefixes, real, self.pad_id), real.long()
         extra = {}
         if features is not None:
             extra["input_features"], extra["input_features_mask"] = stack_features(features)
         out, self.cache = self.forward(input_ids=ids, attention_mask=mask,
                                        position_ids=positions_from_mask(mask), cache=None, **extra)
-        self.mask, self.next_pos, self.last = mask, mask.sum(dim=1), out[:, -1]
-        return [out[i, width - 1 - k:width - 1] for i, k in enumerate(score_last)]
+        self.mask, self.next_pos, self.last = mask, lengths, out[:, -1]
+        # Row i's outputs at columns width-1-k .. width-2 predict its last k prefix tokens.
+        k = torch.as_tensor(list(score_last), dtype=torch.long)
+        col = torch.arange(width)[None, :]
+        scored = (col >= width - 1 - k[:, None]) & (col < width - 1)
+        return list(out[scored].split(k.tolist()))
 
     @torch.no_grad()
     def prefill_shared(self, prompts: Sequence[Sequence[int]], features: Sequence[AudioFeatures | None] | None,
@@ -89,26 +92,21 @@ class KVBatch:
         counts = [len(t) for t in new_tokens]
         steps = max(counts, default=0)
         if steps == 0:
-            return [self.last[i][None][:0] for i in range(len(self))]
-        rows = len(counts)
-        ids = torch.full((rows, steps), self.pad_id, dtype=torch.long)
-        step_mask = torch.zeros((rows, steps), dtype=torch.long)
-        for i, t in enumerate(new_tokens):
-            if counts[i]:
-                ids[i, :counts[i]] = torch.as_tensor(list(t), dtype=torch.long)
-                step_mask[i, :counts[i]] = 1
+            return list(self.last[:0].split([0] * len(self)))
+        count = torch.as_tensor(counts, dtype=torch.long)
+        real = torch.arange(steps)[None, :] < count[:, None]
+        ids = _scatter_rows(new_tokens, real, self.pad_id)
         positions = self.next_pos[:, None] + torch.arange(steps)[None, :]
-        self.mask = torch.cat([self.mask, step_mask], dim=1)
+        self.mask = torch.cat([self.mask, real.long()], dim=1)
         out, self.cache = self.forward(input_ids=ids, attention_mask=self.mask, position_ids=positions,
                                        cache=self.cache)
-        predicting = []
-        new_last = self.last.clone()
-        for i, c in enumerate(counts):
-            predicting.append(torch.cat([self.last[i][None], out[i, :c - 1]]) if c else self.last[i][None][:0])
-            if c:
-                new_last[i] = out[i, c - 1]
-        self.last, self.next_pos = new_last, self.next_pos + torch.as_tensor(counts)
-        return predicting
+        # Column j of `shifted` predicts new token j; column c_i is row i's next-token output
+        # (column 0, the kept `last`, for a row with no new token).
+        shifted = torch.cat([self.last[:, None], out], dim=1)
+        predicting = shifted[:, :steps][real].split(counts)
+        self.last = shifted[torch.arange(len(counts)), count]
+        self.next_pos = self.next_pos + count
+        return list(predicting)
 
     def select(self, rows: Sequence[int]) -> None:
         """Keep only `rows` (in this order): finished sequences stop costing compute. A
@@ -116,3 +114,11 @@ class KVBatch:
         index = torch.as_tensor(list(rows), dtype=torch.long)
         self.cache.batch_select_indices(index)
         self.mask, self.next_pos, self.last = self.mask[index], self.next_pos[index], self.last[index]
+
+
+def _scatter_rows(rows: Sequence[Sequence[int]], real: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Token ids [B, W]: pad_id, with row i's tokens at its True columns of `real`, in
+    order (one tensor build for the whole batch rather than one copy per row)."""
+    ids = torch.full(real.shape, pad_id, dtype=torch.long)
+    ids[real] = torch.as_tensor(list(chain.from_iterable(rows)), dtype=torch.long)
+    return ids
