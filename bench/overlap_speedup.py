@@ -126,7 +126,7 @@ def report(workload: str, overrides: list[str], runs: dict[str, list[dict]], win
     serial_step = median([median(r["series"]["perf/time/step"]) for r in serial])
     target = 0.98 * median([smoothed(r["summary"]["reward"], window)[-1] for r in serial])
     serial_ttt = median([time_to(target, r["summary"], window) for r in serial])
-    ideal = median([x for r in serial for x in ideal_steps(r["series"])])
+    ideal = median([median(ideal_steps(r["series"])) for r in serial])   # the statistic every mode gets
     rows = {mode: mode_row(rs, target, serial_ttt, serial_step, ideal, window) for mode, rs in runs.items()}
     ph = rows["none"]["phases_s"]
     split = {k: v / serial_step for k, v in ph.items()}
@@ -168,6 +168,26 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(out)
 
 
+def load_run(client, run_id: str, window: int, warmup: int) -> dict:
+    return {"summary": summarize(client, run_id, window), "series": measured(client, run_id, warmup)}
+
+
+def rebuild(path: Path, args) -> None:
+    """The report of an earlier benchmark recomputed from its MLflow runs (same run ids)."""
+    import mlflow
+
+    from asr_grpo.tracking import absolute_tracking_uri
+
+    client = mlflow.tracking.MlflowClient(absolute_tracking_uri(f"sqlite:///{args.output_root}/mlflow.db"))
+    results = [report(old["workload"], old["overrides"],
+                      {mode: [load_run(client, rid, args.window, args.warmup) for rid in row["run_ids"]]
+                       for mode, row in old["modes"].items()}, args.window)
+               for old in json.loads(path.read_text())]
+    path.write_text(json.dumps(results, indent=1))
+    path.with_suffix(".md").write_text(markdown(results))
+    print(markdown(results))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -180,10 +200,14 @@ def main() -> None:
     ap.add_argument("--output-root", default=str(REPO / "outputs"),
                     help="paths.output_root: where the corpus, SFT checkpoint and MLflow store live")
     ap.add_argument("--from-json", help="re-render the report from an earlier run's JSON (no training)")
+    ap.add_argument("--rebuild", help="recompute an earlier run's JSON from its MLflow runs (no training)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
     if args.from_json:
         print(markdown(json.loads(Path(args.from_json).read_text())))
+        return
+    if args.rebuild:
+        rebuild(Path(args.rebuild), args)
         return
     if "none" not in args.modes:
         sys.exit("the serial baseline (overlap=none) is what every speedup is measured against")
@@ -212,8 +236,7 @@ def main() -> None:
                 print(f"== {workload} / overlap={mode} / repeat {rep}", flush=True)
                 summary = run_rl(cfg, run_name=f"bench-{stamp}-{workload}-{mode}-r{rep}")
                 client = mlflow.tracking.MlflowClient(absolute_tracking_uri(cfg.logger.tracking_uri))
-                run = {"summary": summarize(client, summary["mlflow_run_id"], args.window),
-                       "series": measured(client, summary["mlflow_run_id"], args.warmup)}
+                run = load_run(client, summary["mlflow_run_id"], args.window, args.warmup)
                 runs[mode].append(run)
                 print(f"   median step {median(run['series']['perf/time/step']):.2f} s", flush=True)
         results.append(report(workload, WORKLOADS[workload] + list(args.overrides), runs, args.window))
