@@ -36,6 +36,23 @@ def split_even(items: Sequence, parts: int) -> list[list]:
     return out
 
 
+def experience_items(algo, seqs: list[SequenceResult], refs: list[SequenceRef], old, ref, values,
+                     rewards: torch.Tensor) -> tuple[list[ExperienceItem], object]:
+    """Scored sequences -> advantages and the experience items an update takes (checked
+    finite); returns (items, the advantage estimate with its metrics)."""
+    adv = estimate_advantages(algo, rewards, [len(s.tokens) for s in seqs], old, ref, values,
+                              algo.n_samples_per_prompt)
+    items = [ExperienceItem(uid=s.uid, group=s.group, prompt_ids=r.prompt_ids, response_ids=s.tokens,
+                            features=r.features, advantages=adv.advantages[i], old_logprobs=old[i],
+                            behaviour_logprobs=torch.tensor(s.logprobs), versions=list(s.versions),
+                            ref_logprobs=None if ref is None else ref[i],
+                            returns=None if adv.returns is None else adv.returns[i],
+                            old_values=None if values is None else values[i])
+             for i, (s, r) in enumerate(zip(seqs, refs))]
+    check_finite(items, "experience")
+    return items, adv
+
+
 class KnownScores:
     """Scores the driver already holds, shaped like the scheduler's `StreamedScores`
     (covered uids + `get()`), so `ExperienceMaker._launch` computes only the rest."""
@@ -163,16 +180,7 @@ class ExperienceMaker:
         if not seqs:   # every group dropped: nothing to train on this step
             log.warning("every sampled group was dropped by reward.on_bad_reward=drop: no update this step")
             return [], {**reward.log("reward/"), **faults, "perf/time/scoring": score_s}
-        adv = estimate_advantages(algo, reward.total, [len(s.tokens) for s in seqs], old, ref, values,
-                                  algo.n_samples_per_prompt)
-        items = [ExperienceItem(uid=s.uid, group=s.group, prompt_ids=r.prompt_ids, response_ids=s.tokens,
-                                features=r.features, advantages=adv.advantages[i], old_logprobs=old[i],
-                                behaviour_logprobs=torch.tensor(s.logprobs), versions=list(s.versions),
-                                ref_logprobs=None if ref is None else ref[i],
-                                returns=None if adv.returns is None else adv.returns[i],
-                                old_values=None if values is None else values[i])
-                 for i, (s, r) in enumerate(zip(seqs, refs))]
-        check_finite(items, "experience")
+        items, adv = experience_items(algo, seqs, refs, old, ref, values, reward.total)
         lengths = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.float32)
         metrics = {**reward.log("reward/"), **adv.metrics, **faults, "perf/time/scoring": score_s,
                    "charts/response_length": float(lengths.mean()) if seqs else 0.0,
