@@ -88,7 +88,8 @@ def run_once(setting: str, args, tag: str) -> dict:
     def kept(key: str) -> list[float]:
         return [v for s, v in sorted(history(client, summary["mlflow_run_id"], key).items()) if s > args.drop]
 
-    out = {"setting": setting, "threads": threads, "env": env, "run_id": summary["mlflow_run_id"], "steps_kept": len(kept("perf/time/step"))}
+    out = {"setting": setting, "threads": threads, "env": env, "run_id": summary["mlflow_run_id"],
+           "steps_kept": len(kept("perf/time/step"))}
     out.update({f"{p}_s": statistics.median(kept(f"perf/time/{p}")) for p in PHASES})
     out["step_s_all"] = kept("perf/time/step")
     out["response_length"] = statistics.mean(kept("charts/response_length"))

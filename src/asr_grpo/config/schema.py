@@ -387,7 +387,7 @@ class ForecastWorkloadConfig:
     n_samples: int = 8                   # samples per prompt
     max_new_tokens: int = 256
     prompt_text_tokens: int = 32         # system turn, language tag
-    audio_tokens_per_token: float = 4.0  # ASR: audio prompt tokens per transcript token (12.5 Hz audio, ~3 tok/s speech)
+    audio_tokens_per_token: float = 4.0  # ASR: audio prompt tokens per transcript token (12.5 Hz, ~3 tok/s)
     train_epochs: int = 1
     recompute_old_logprobs: bool = True
 

@@ -28,7 +28,6 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
-
 HIDDEN_RATE = 1 / 3   # how far one streaming step moves the estimate of the hidden share
 
 
@@ -37,7 +36,7 @@ class CostProfile:
     round_fixed_s: float = 0.0         # a: a decode round's cost whatever the rows
     round_per_row_s: float = 0.0       # b: each live row's share of a round
     prefill_per_token_s: float = 0.0   # p: re-prefilling a carried token when the step starts
-    score_fixed_s: float = 0.0         # s0: scoring's cost per step that no overlap hides (reward, old log-probs' start)
+    score_fixed_s: float = 0.0         # s0: scoring per step that no overlap hides (rewards, old log-probs)
     score_per_token_s: float = 0.0     # s: scorer work per response token of a trained sequence
     stream_hidden: float = 0.0         # share of streamed scorer work that decode hides (0..1)
     stream_call_s: float = 0.0         # overhead of one streaming call (per decode call)

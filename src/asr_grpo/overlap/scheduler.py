@@ -197,7 +197,8 @@ class RolloutScheduler:
         """Feed the planner what this step measured (phase times from `metrics`, decode
         costs from the hosts); returns the planner's own metrics to log."""
         stats = merge_decode_stats(self._get(self.hosts.call("take_decode_stats")))
-        obs = StepObservation(step=step, plan=self._plan or StepPlan(None, 0), step_s=metrics.get("perf/time/step", 0.0),
+        obs = StepObservation(step=step, plan=self._plan or StepPlan(None, 0),
+                              step_s=metrics.get("perf/time/step", 0.0),
                               rollout_s=metrics.get("perf/time/rollout", 0.0),
                               scoring_s=metrics.get("perf/time/scoring_wall", 0.0),
                               training_s=metrics.get("perf/time/training", 0.0),
