@@ -21,8 +21,8 @@ install: $(VENV)/.installed  ## create .venv with torch (CPU) and the project
 run: install  ## the main job on the embedded default: GRPO + OPPO overlap from the SFT checkpoint (built on first use)
 	$(PY) -m asr_grpo.run overlap=oppo placement=colocate
 
-bench: install  ## OPPO speedup benchmark: none|intra|inter|oppo side by side -> bench/results/
-	$(PY) bench/overlap_speedup.py
+bench: install  ## OPPO speedup benchmark, default workload (~25 min on 2 cores): none|intra|inter|oppo -> bench/results/cpu_2core/
+	$(PY) bench/overlap_speedup.py --workloads default --out bench/results/cpu_2core
 
 sweep: install  ## the speedup study as a Hydra sweep: overlap none|oppo x placement x seed 0|1 (8 MLflow runs)
 	$(PY) -m asr_grpo.run -m experiment=speedup
