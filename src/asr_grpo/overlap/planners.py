@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from asr_grpo.overlap.controllers import ChunkSizeController, DeltaController
-from asr_grpo.overlap.cost_model import CostFitter, best_plan, predict, simulate_buffer
+from asr_grpo.overlap.cost_model import CostFitter, best_plan
 
 
 @dataclass(frozen=True)
@@ -117,13 +117,17 @@ class CostModelPlanner:
         self.margin = float(cfg.cost_model_margin)
         self.delta_bound = DeltaController.from_config(cfg)
         self.fitter = CostFitter(stream_hidden_prior=stream_hidden_prior)
-        self.last_table: dict[str, float] = {}
+        # The planned step's predicted decode (the same for any chunk): a streaming step's
+        # decode is measured against it to see how much streaming slowed the decode.
+        self._planned_decode_s: float | None = None
 
     def plan(self, step: int) -> StepPlan:
+        self._planned_decode_s = None
         if step < self.warmup or not self.fitter.ready:
             return StepPlan(None, 0)
-        choice, self.last_table = best_plan(self.fitter.profile(), list(self.fitter.groups), self.B,
-                                            [None, *self.chunks], range(self.delta_bound.delta + 1), self.margin)
+        choice, _ = best_plan(self.fitter.profile(), list(self.fitter.groups), self.B,
+                              [None, *self.chunks], range(self.delta_bound.delta + 1), self.margin)
+        self._planned_decode_s = choice.predicted.decode_s
         return StepPlan(choice.chunk, choice.delta, choice.predicted.step_s)
 
     def observe(self, obs: StepObservation) -> dict[str, float]:
@@ -136,13 +140,9 @@ class CostModelPlanner:
         decode_s = decode_seconds(obs.decode_stats)
         streamed = obs.plan.chunk is not None
         predicted_decode = streamed_work = None
-        if streamed and fitter.ready:
-            costs = fitter.profile()
-            shape = simulate_buffer(list(fitter.groups), self.B, obs.plan.delta)
-            mean_len = trained_tokens / max(1, obs.samples)
-            serial_like = predict(costs, shape, obs.samples, None, mean_len)
-            predicted_decode = serial_like.decode_s
-            streamed_work = costs.score_per_token_s * trained_tokens
+        if streamed and self._planned_decode_s is not None:
+            predicted_decode = self._planned_decode_s
+            streamed_work = fitter.profile().score_per_token_s * trained_tokens
         fitter.observe_decode(obs.decode_stats)
         fitter.observe_lengths(obs.trained_lengths)
         fitter.observe_step(streamed=streamed, decode_s=decode_s, scoring_s=obs.scoring_s,
