@@ -138,11 +138,12 @@ def train(engine, rank: int, steps: range, micro: int) -> tuple[list, list]:
 
 
 def worker(rank: int, world: int, port: int, out: Path, stages: list[int]) -> None:
-    from asr_grpo.distributed.deepspeed_strategy import init_distributed
+    from asr_grpo.distributed.deepspeed_strategy import init_distributed, shutdown_distributed
 
     init_distributed(rank, world, "127.0.0.1", port)
     for stage in stages:
         torch.save(run_stage(rank, out / f"ckpt{stage}", stage), out / f"stage{stage}_rank{rank}.pt")
+    shutdown_distributed()
 
 
 def run_stage(rank: int, ckpt: Path, stage: int) -> dict:

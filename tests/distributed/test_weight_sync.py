@@ -108,7 +108,8 @@ def plain(rank: int, world: int, port: int, out: Path) -> None:
 def zero3(rank: int, port: int, out: Path, sync_port: int) -> None:
     """Ranks 0, 1: DeepSpeed default group (on `port`); rank 2: rollout."""
     from asr_grpo.config.schema import TrainerConfig
-    from asr_grpo.distributed.deepspeed_strategy import TrainingEngine, init_distributed
+    from asr_grpo.distributed.deepspeed_strategy import (TrainingEngine, init_distributed,
+                                                         shutdown_distributed)
     from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_model
 
     if rank == 2:  # the rollout process: no default group at all
@@ -135,6 +136,7 @@ def zero3(rank: int, port: int, out: Path, sync_port: int) -> None:
         model = tiny_lm()
         model.load_state_dict(state)
         torch.save(snapshot(model, trained_after_sync=trained_after_sync), out / "z3_trainer.pt")
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

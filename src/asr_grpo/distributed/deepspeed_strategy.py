@@ -99,6 +99,19 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
     return backend
 
 
+def shutdown_distributed() -> None:
+    """Leave the default process group in step with the other ranks.
+
+    A rank that exits with the group still up leaves gloo's and DeepSpeed's comm threads to
+    static destructors, which can abort the process ("terminate called without an active
+    exception") after all its work is done; so every rank waits for the others, then tears
+    the group down itself.
+    """
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def _check(ok: bool, key: str, rule: str, value: Any) -> None:
     if not ok:
         raise ValueError(f"trainer.{key} must be {rule}, got {value!r}")
