@@ -115,14 +115,14 @@ class BareStep:
     def __init__(self, cfg):
         from asr_grpo.config.validate import validate_config
         from asr_grpo.data import AsrDataset, resolve_manifests
-        from asr_grpo.distributed.roles.base import seed_rngs
-        from asr_grpo.distributed.roles.rollout_host import sampling_params
         from asr_grpo.experience.maker import ExperienceMaker
         from asr_grpo.experience.prompts import PromptSampler
         from asr_grpo.models import load_model, set_audio_encoder_frozen
         from asr_grpo.recipes.rl import RLRecipe, ensure_sft_checkpoint, optimizer_steps_per_rl_step
-        from asr_grpo.rewards.worker import RewardWorker
         from asr_grpo.rollout import HFChunkedEngine
+        from asr_grpo.workers.base import seed_rngs
+        from asr_grpo.workers.reward import RewardWorker
+        from asr_grpo.workers.rollout_host import sampling_params
 
         validate_config(cfg)
         check_supported(cfg)
@@ -200,8 +200,8 @@ class BareStep:
         return items, metrics
 
     def train(self, items) -> dict[str, float]:
-        from asr_grpo.distributed.roles.training import run_updates
         from asr_grpo.experience.losses import actor_loss
+        from asr_grpo.workers.training import run_updates
 
         cfg = self.cfg
         return run_updates(self.trainer, items, cfg.trainer,

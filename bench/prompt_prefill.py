@@ -48,7 +48,6 @@ def main() -> None:
     from overlap_speedup import compose_run
 
     from asr_grpo.data import AsrDataset, resolve_manifests
-    from asr_grpo.distributed.roles.rollout_host import sampling_params
     from asr_grpo.models import load_model
     from asr_grpo.models.kv_batch import KVBatch, causal_lm_forward
     from asr_grpo.models.sequences import encode_prompt, pack_sequences, response_logprobs
@@ -56,6 +55,7 @@ def main() -> None:
     from asr_grpo.recipes.rl import ensure_sft_checkpoint
     from asr_grpo.rollout.hf_engine import HFChunkedEngine
     from asr_grpo.rollout.types import RolloutRequest
+    from asr_grpo.workers.rollout_host import sampling_params
 
     torch.set_num_threads(args.threads)
     cfg = compose_run([])

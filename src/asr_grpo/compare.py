@@ -9,7 +9,8 @@ from omegaconf import DictConfig
 
 from asr_grpo.config import register_configs
 from asr_grpo.config.store import CONF_DIR
-from asr_grpo.tracking.report import SelectionError, compare
+from asr_grpo.tracking.compare_runs import compare
+from asr_grpo.tracking.selection import SelectionError
 
 register_configs()
 

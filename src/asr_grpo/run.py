@@ -2,7 +2,7 @@
 of the SFT'd speech LLM on Ray + DeepSpeed, logged to MLflow.
 
 `python -m asr_grpo.run -m overlap=none,oppo seed=0,1` (or `-m experiment=speedup`): a
-sweep, one MLflow run per job under one parent run; see asr_grpo.tracking.sweep."""
+sweep, one MLflow run per job under one parent run; see asr_grpo.sweep."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from asr_grpo.config import register_configs
 from asr_grpo.config.store import CONF_DIR
 from asr_grpo.config.validate import validate_config
-from asr_grpo.tracking.sweep import current_sweep_job
+from asr_grpo.sweep import current_sweep_job
 
 log = logging.getLogger(__name__)
 register_configs()
@@ -44,7 +44,7 @@ def train(cfg: DictConfig, tags: dict | None = None) -> dict:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> dict:
-    job = current_sweep_job()   # `-m`: one job of a sweep (see asr_grpo.tracking.sweep)
+    job = current_sweep_job()   # `-m`: one job of a sweep (see asr_grpo.sweep)
     if job is None:
         return train(cfg)
     job.prepare(cfg)

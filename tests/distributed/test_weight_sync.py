@@ -108,8 +108,7 @@ def plain(rank: int, world: int, port: int, out: Path) -> None:
 def zero3(rank: int, port: int, out: Path, sync_port: int) -> None:
     """Ranks 0, 1: DeepSpeed default group (on `port`); rank 2: rollout."""
     from asr_grpo.config.schema import TrainerConfig
-    from asr_grpo.distributed.deepspeed_strategy import (TrainingEngine, init_distributed,
-                                                         shutdown_distributed)
+    from asr_grpo.distributed.deepspeed_strategy import TrainingEngine, init_distributed, shutdown_distributed
     from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_model
 
     if rank == 2:  # the rollout process: no default group at all

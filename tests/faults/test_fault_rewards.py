@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from asr_grpo.rewards import RewardFunctionError, RewardWorker
+from asr_grpo.rewards import RewardFunctionError
+from asr_grpo.workers.reward import RewardWorker
 
 IDS = ["a#0", "a#1", "b#0"]
 BATCH = {"queries": ["x", "y", "z"], "prompts": [""] * 3, "labels": ["the cat", "the dog", "a bird"],

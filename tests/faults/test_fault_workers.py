@@ -21,7 +21,8 @@ from asr_grpo.distributed.net import is_loopback
 from asr_grpo.distributed.role_group import RoleGroup
 from asr_grpo.experience.types import NonFiniteError, SequenceRef
 from asr_grpo.recipes.rl import RLRecipe
-from asr_grpo.rewards import RewardFunctionError, RewardWorker
+from asr_grpo.rewards import RewardFunctionError
+from asr_grpo.workers.reward import RewardWorker
 
 pytestmark = pytest.mark.slow
 B, N, DELTA = 2, 2, 2

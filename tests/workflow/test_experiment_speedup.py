@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from asr_grpo.config import register_configs
 from asr_grpo.config.store import CONF_DIR
 from asr_grpo.config.validate import validate_config
-from asr_grpo.tracking.sweep import SweepCallback
+from asr_grpo.sweep import SweepCallback
 
 register_configs()
 

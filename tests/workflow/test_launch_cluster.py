@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from asr_grpo.tracking.report import select_runs
+from asr_grpo.tracking.selection import select_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]   # the session fixture brings up a cluster and a sweep
 

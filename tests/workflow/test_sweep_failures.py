@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from asr_grpo.tracking.report import select_runs
-from asr_grpo.tracking.sweep import read_jobs
+from asr_grpo.sweep import read_jobs
+from asr_grpo.tracking.selection import select_runs
 
 pytestmark = pytest.mark.slow
 

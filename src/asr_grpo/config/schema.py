@@ -8,7 +8,41 @@ time, naming the key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Optional
+
+
+class Choice(str, Enum):
+    """A config value from a fixed set. OmegaConf rejects anything else at composition,
+    listing the options; a member equals (and prints as) its name, so code and MLflow
+    params compare it with plain strings."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _choice(name: str, options: str) -> type[Choice]:
+    return Choice(name, [(o, o) for o in options.split()], module=__name__, qualname=name)
+
+
+AlgorithmName = _choice("AlgorithmName", "grpo ppo")
+AdvantageEstimator = _choice("AdvantageEstimator", "group_norm rloo reinforce_baseline gae")
+KLEstimator = _choice("KLEstimator", "k1 k2 k3")
+LossAgg = _choice("LossAgg", "token_mean seq_mean_token_mean seq_mean_token_sum")
+OverlapMode = _choice("OverlapMode", "none intra inter oppo")
+OverlapController = _choice("OverlapController", "cost_model trial")
+DeltaRule = _choice("DeltaRule", "additive proportional")
+RolloutEngine = _choice("RolloutEngine", "hf vllm")
+SyncBackend = _choice("SyncBackend", "auto gloo nccl")
+PlacementName = _choice("PlacementName", "colocate separate")
+OnBadAudio = _choice("OnBadAudio", "error skip")
+OnBadReward = _choice("OnBadReward", "error drop")
+SmoothnessScorer = _choice("SmoothnessScorer", "rule lm")
+LRScheduler = _choice("LRScheduler", "constant constant_with_warmup cosine linear")
+ForecastProfile = _choice("ForecastProfile", "roofline run file")
+LengthsKind = _choice("LengthsKind", "lognormal histogram")
+RewardTrend = _choice("RewardTrend", "rising flat")
+RunDevice = _choice("RunDevice", "auto cpu gpu")
 
 
 @dataclass
@@ -56,7 +90,7 @@ class DataConfig:
     # limit is raised to corpus.longform_max_s: audio asked for is not absurd.
     max_duration_s: float = 30.0
     min_duration_s: float = 0.1
-    on_bad_audio: str = "error"       # "error": fail naming file+line; "skip": skip and count
+    on_bad_audio: OnBadAudio = OnBadAudio.error   # error: fail naming file+line; skip: skip and count
 
 
 @dataclass
@@ -133,7 +167,7 @@ class SFTConfig:
 
 @dataclass
 class PlacementConfig:
-    name: str = "colocate"            # colocate | separate
+    name: PlacementName = PlacementName.colocate
     colocate: bool = True
     num_nodes: int = 1
     gpus_per_node: int = 2            # logical GPUs on CPU machines (Ray custom count)
@@ -152,19 +186,19 @@ class PlacementConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "grpo"                # grpo | ppo
-    advantage_estimator: str = "group_norm"   # group_norm | rloo | reinforce_baseline | gae
+    name: AlgorithmName = AlgorithmName.grpo
+    advantage_estimator: AdvantageEstimator = AdvantageEstimator.group_norm
     n_samples_per_prompt: int = 8
     gamma: float = 1.0
     lam: float = 0.95
     kl_coef: float = 0.01
-    kl_estimator: str = "k3"          # k1 | k2 | k3
+    kl_estimator: KLEstimator = KLEstimator.k3
     kl_in_reward: bool = False        # False: KL as a loss term (GRPO style)
     eps_clip_low: float = 0.2
     eps_clip_high: float = 0.28
     dual_clip: Optional[float] = 3.0
     value_clip: float = 0.2
-    loss_agg: str = "token_mean"      # token_mean | seq_mean_token_mean | seq_mean_token_sum
+    loss_agg: LossAgg = LossAgg.token_mean
     entropy_coef: float = 0.0
     use_critic: bool = False
     temperature: float = 1.0
@@ -175,15 +209,19 @@ class AlgorithmConfig:
     # HF engine's equal that forward to float rounding. Sequences holding tokens of older
     # weights (carried by overcommit) are still recomputed.
     recompute_old_logprobs: bool = True
+    # Tokens decoded by an older policy (carried into a later step by overcommit) get
+    # truncated importance weights pi_old / pi_behaviour, capped at stale_is_clip.
+    stale_is_correction: bool = False
+    stale_is_clip: float = 2.0
 
 
 @dataclass
 class OverlapConfig:
-    mode: str = "none"                # none | intra | inter | oppo
+    mode: OverlapMode = OverlapMode.none
     # oppo: how chunk and Δ are chosen each step. cost_model: fitted from the run's own
     # timings, least predicted time per trained sample (serial unless overlap pays);
     # trial: the OPPO paper's periodic chunk trials + reward-slope Δ.
-    controller: str = "cost_model"
+    controller: OverlapController = OverlapController.cost_model
     # Overcommit: the hosts check "B groups finished?" every this many decode rounds,
     # whatever the chunk size (which only sets how often tokens stream to the scorers).
     stop_check_every: int = 1
@@ -200,9 +238,7 @@ class OverlapConfig:
     delta_inc: int = 1
     delta_dec: int = 1
     delta_window: int = 5
-    delta_rule: str = "additive"      # additive | proportional (max(1, floor(Δ/4)))
-    stale_is_correction: bool = False
-    stale_is_clip: float = 2.0
+    delta_rule: DeltaRule = DeltaRule.additive   # proportional: steps of max(1, floor(Δ/4))
     # os.nice() of the scorer roles (reference, critic, LM reward model): where they
     # share cores with the actor, its decode (the critical path) runs first.
     scorer_nice: int = 5
@@ -215,7 +251,7 @@ class RolloutConfig:
     # rollout workers). vllm: vLLM engines as their own Ray actors (GPU machines; the
     # `vllm` extra), one per placement.rollout_num_workers, weights synced from the
     # trainer after every update. Colocated, an engine shares rank i's bundle.
-    engine: str = "hf"
+    engine: RolloutEngine = RolloutEngine.hf
     tensor_parallel_size: int = 1     # GPUs (placement bundles) per vLLM engine
     dtype: str = "${model.dtype}"     # vLLM's dtype ("auto" would turn float32 into float16)
     gpu_memory_utilization: float = 0.3   # share of the GPU's memory vLLM may take
@@ -224,7 +260,8 @@ class RolloutConfig:
     max_num_seqs: int = 256           # sequences vLLM schedules together
     max_model_len: int = 0            # 0: the model's max_position_embeddings
     sleep_level: int = 0              # colocated: 1|2 = vLLM sleeps while the trainer trains
-    sync_backend: str = "auto"        # auto: gloo when colocated (NCCL refuses 2 ranks on 1 GPU), else nccl on CUDA
+    # auto: gloo when colocated (NCCL refuses 2 ranks on 1 GPU), else nccl on CUDA
+    sync_backend: SyncBackend = SyncBackend.auto
     export_dir: str = "${paths.output_root}/checkpoints/vllm"   # vLLM-layout copies of model.path
 
 
@@ -235,7 +272,7 @@ class RewardConfig:
     reward_file: str = ""
     weights: dict[str, float] = field(default_factory=lambda: {
         "cer": 1.0, "keyword": 0.3, "language": 0.2, "smoothness": 0.2})
-    smoothness_scorer: str = "rule"   # rule | lm
+    smoothness_scorer: SmoothnessScorer = SmoothnessScorer.rule
     # smoothness_scorer=lm: a tiny Qwen3 text LM over the ASR tokenizer, trained on the
     # train-split transcripts at set-up (asr_grpo.models.text_lm) and cached here;
     # retrained when the tokenizer, the texts or these settings change.
@@ -248,7 +285,7 @@ class RewardConfig:
     text_lm_lr: float = 3e-3
     text_lm_seed: int = 0
     timeout_s: float = 30.0
-    on_bad_reward: str = "error"      # error | drop
+    on_bad_reward: OnBadReward = OnBadReward.error
 
 
 @dataclass
@@ -262,7 +299,7 @@ class TrainerConfig:
     lr: float = 5e-5
     critic_lr: float = 1e-4
     lr_warmup_steps: int = 5
-    lr_scheduler: str = "constant_with_warmup"
+    lr_scheduler: LRScheduler = LRScheduler.constant_with_warmup
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     zero_stage: int = 1
@@ -404,7 +441,7 @@ class ForecastLengthsConfig:
     """Response lengths (conf/forecast_lengths): a lognormal mixture per prompt, with the
     samples of one prompt spread around its length; or a histogram file."""
     name: str = "asr_short"
-    kind: str = "lognormal"              # lognormal | histogram
+    kind: LengthsKind = LengthsKind.lognormal
     components: list[ForecastLengthComponent] = field(default_factory=lambda: [ForecastLengthComponent()])
     sample_sigma: float = 0.05           # of log length, between the samples of one prompt
     path: str = ""                       # histogram: JSON list of lengths (or of groups' lengths), or one per line
@@ -419,7 +456,7 @@ class ForecastRunSourceConfig:
     summary_json: str = ""               # instead: bench/overlap_speedup-style JSON with a `none` run summary
     workload: str = ""                   # which workload of that JSON ("": the first)
     skip_steps: int = 1                  # first steps pay start-up costs
-    device: str = "auto"                 # cpu | gpu | auto (gpu when the run logged system/gpu_* metrics)
+    device: RunDevice = RunDevice.auto   # auto: gpu when the run logged system/gpu_* metrics
     stream_call_s: float = 0.005         # a streaming scorer call's fixed cost (not in a serial run)
     prompt_tokens: int = 64              # prompt tokens per group (re-prefill cost of carried tokens)
     round_fixed_share: float = 0.12      # prior: fixed share of a mean round, when the steps cannot tell (CPU: 12%)
@@ -430,7 +467,7 @@ class ForecastConfig:
     """`python -m asr_grpo.forecast`: OPPO's step time for every overlap mode, from the
     real scheduler driving simulated hosts, scorers and trainer on a virtual clock."""
     paths: PathsConfig = field(default_factory=PathsConfig)
-    profile: str = "roofline"            # roofline | run | file
+    profile: ForecastProfile = ForecastProfile.roofline
     cost_file: str = ""                  # profile=file: a JSON cost table (bench/gpu_profile.sh writes one)
     run: ForecastRunSourceConfig = field(default_factory=ForecastRunSourceConfig)
     gpu: ForecastGpuConfig = field(default_factory=ForecastGpuConfig)
@@ -443,7 +480,7 @@ class ForecastConfig:
     modes: list[str] = field(default_factory=lambda: ["none", "intra", "inter", "oppo"])
     steps: int = 40                      # simulated steps per mode
     warmup: int = 8                      # first steps left out of the figures (buffer filling, planner warm-up)
-    reward_trend: str = "rising"         # rising | flat: the mean reward the Δ controllers see
+    reward_trend: RewardTrend = RewardTrend.rising   # the mean reward the Δ controllers see
     seed: int = 0
     json: str = ""                       # also write the figures here
     output_dir: str = ""                 # "": <paths.output_root>/forecast/<time>

@@ -17,9 +17,10 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from asr_grpo.config.schema import LRScheduler
 from asr_grpo.distributed.net import is_loopback, loopback_interface, tcp_store
 
-SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
+SCHEDULERS = tuple(s.value for s in LRScheduler)
 # DeepSpeed prints a line every `steps_per_print` steps; our own logger does that job.
 _QUIET_STEPS = 10**9
 

@@ -16,7 +16,7 @@ from asr_grpo.algorithms import (
     truncated_importance_weights,
     value_loss,
 )
-from asr_grpo.config.schema import AlgorithmConfig, OverlapConfig
+from asr_grpo.config.schema import AlgorithmConfig
 from asr_grpo.experience.tensors import pad_ragged
 from asr_grpo.experience.types import ExperienceItem
 from asr_grpo.models.critic import response_values
@@ -32,8 +32,8 @@ def _field(items: Sequence[ExperienceItem], name: str, width: int) -> torch.Tens
     return pad_ragged([getattr(it, name) for it in items], width)
 
 
-def actor_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig, pad_id: int,
-               overlap: OverlapConfig | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def actor_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig,
+               pad_id: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     batch = pack_items(items, pad_id)
     T = batch.response_ids.shape[1]
     mask = batch.response_mask
@@ -43,9 +43,9 @@ def actor_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig, pa
     logp = logprobs_from_logits(logits, batch.response_ids)
     old = _field(items, "old_logprobs", T)
     weights = None
-    if overlap is not None and overlap.stale_is_correction:
+    if algo.stale_is_correction:
         # Tokens decoded by an older policy (carried over by overcommit): truncated IS.
-        weights = truncated_importance_weights(old, _field(items, "behaviour_logprobs", T), overlap.stale_is_clip)
+        weights = truncated_importance_weights(old, _field(items, "behaviour_logprobs", T), algo.stale_is_clip)
     loss, metrics = policy_loss(logp, old, _field(items, "advantages", T), mask, algo.eps_clip_low,
                                 algo.eps_clip_high, algo.dual_clip, algo.loss_agg, importance_weights=weights)
     metrics = {f"policy/{k}": v for k, v in metrics.items()}

@@ -14,12 +14,12 @@ scoring on the same GPUs caused (`debt`, inside its first round, so the round ti
 cost-model planner fits hold it), and returns a `Pending` at its end."""
 from __future__ import annotations
 
-from asr_grpo.distributed.roles.rollout_host import RolloutHost
 from asr_grpo.forecast.clock import Lane, Pending, VirtualClock
 from asr_grpo.forecast.costs import DecodeCost, Forward
 from asr_grpo.forecast.workload import Workload
 from asr_grpo.rollout.pool import GroupQuota, SequencePool
 from asr_grpo.rollout.types import SequenceState
+from asr_grpo.workers.rollout_host import RolloutHost
 
 EOS, TOKEN = 0, 7
 

@@ -16,7 +16,9 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-DELTA_RULES = ("additive", "proportional")
+from asr_grpo.config.schema import DeltaRule
+
+DELTA_RULES = tuple(r.value for r in DeltaRule)
 
 
 def _as_int(name: str, value: Any) -> int:

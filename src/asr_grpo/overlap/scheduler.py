@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 import ray
 import torch
 
+from asr_grpo.config.schema import OverlapMode
 from asr_grpo.distributed.faults import is_actor_death
 from asr_grpo.experience.types import PromptGroup, SequenceRef
 from asr_grpo.overlap.controllers import staleness_histogram
@@ -39,7 +40,9 @@ from asr_grpo.rollout.types import RolloutRequest, SequenceResult
 log = logging.getLogger(__name__)
 
 # mode -> (stream chunks to the scorers, overcommit the buffer)
-MODES = {"none": (False, False), "intra": (True, False), "inter": (False, True), "oppo": (True, True)}
+# (streams chunks to the scorers, overcommits B + Δ groups) per mode
+MODES = {OverlapMode.none: (False, False), OverlapMode.intra: (True, False),
+         OverlapMode.inter: (False, True), OverlapMode.oppo: (True, True)}
 
 
 @dataclass

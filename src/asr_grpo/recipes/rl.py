@@ -25,11 +25,6 @@ from asr_grpo.distributed.net import free_port
 from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
 from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
 from asr_grpo.distributed.role_group import RoleGroup
-from asr_grpo.distributed.roles.critic import CriticRole
-from asr_grpo.distributed.roles.policy import PolicyRole
-from asr_grpo.distributed.roles.reference import ReferenceRole
-from asr_grpo.distributed.roles.reward_model import RewardModelRole
-from asr_grpo.distributed.roles.rollout import rollout_ranks, rollout_role_spec, sync_backend
 from asr_grpo.experience.maker import ExperienceMaker, split_even
 from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.models import is_complete_checkpoint, load_processor
@@ -37,8 +32,13 @@ from asr_grpo.models.text_lm import ensure_text_lm
 from asr_grpo.overlap.scheduler import RolloutScheduler
 from asr_grpo.recipes import checkpointing as ckpt
 from asr_grpo.rewards.text import error_rates_by_language
-from asr_grpo.rewards.worker import RewardWorker
 from asr_grpo.tracking import MlflowRun
+from asr_grpo.workers.critic import CriticRole
+from asr_grpo.workers.policy import PolicyRole
+from asr_grpo.workers.reference import ReferenceRole
+from asr_grpo.workers.reward import RewardWorker
+from asr_grpo.workers.reward_model import RewardModelRole
+from asr_grpo.workers.rollout import rollout_ranks, rollout_role_spec, sync_backend
 
 log = logging.getLogger(__name__)
 

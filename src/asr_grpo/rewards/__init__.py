@@ -1,5 +1,6 @@
 """Rewards: text -> score functions, their weighted combination, and the reward-file
-contract (loading a user's `reward_func` file, calling it safely, a Ray worker).
+contract (loading a user's `reward_func` file, calling it safely). The Ray reward
+worker that runs a reward file lives in `asr_grpo.workers.reward`.
 
 Knows nothing of models. `text` is also the project's evaluation metric code.
 """
@@ -32,14 +33,13 @@ from asr_grpo.rewards.text import (
     utterance_cer,
     word_error_rate,
 )
-from asr_grpo.rewards.worker import RewardWorker, remote_reward_worker
 
 __all__ = [
     "BUILTIN_REWARD_FILE", "COMPONENTS", "DEFAULT_WEIGHTS", "LANGUAGE_CODES",
     "LANGUAGE_NAMES", "RewardCallFailed", "RewardFunctionError", "RewardResult", "RewardTimeout", "RewardSample",
-    "RewardWorker", "call_reward_function", "cer_score", "char_error_rate", "combine",
+    "call_reward_function", "cer_score", "char_error_rate", "combine",
     "error_rates_by_language", "keyword_recall", "language_consistency",
-    "load_reward_function", "normalize_text", "remote_reward_worker", "sanitize",
+    "load_reward_function", "normalize_text", "sanitize",
     "score_samples", "smoothness", "split_asr_output", "utterance_cer",
     "word_error_rate",
 ]

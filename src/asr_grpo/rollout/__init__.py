@@ -1,6 +1,7 @@
 """Rollout engines behind one chunked interface (decode N tokens, resume later): the
 policy's own HF forward (default) or vLLM on GPU machines (`rollout=vllm`)."""
-from asr_grpo.rollout.factory import ENGINES, EngineUnavailable, create_vllm_engine, engine_unavailable_reason
+from asr_grpo.config.engines import ENGINES, engine_unavailable_reason
+from asr_grpo.rollout.factory import EngineUnavailable, create_vllm_engine
 from asr_grpo.rollout.hf_engine import HFChunkedEngine
 from asr_grpo.rollout.pool import SequencePool
 from asr_grpo.rollout.sampling import sample_tokens, token_seed, top_p_filter

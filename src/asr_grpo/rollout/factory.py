@@ -8,31 +8,19 @@ at config validation, saying so, before anything starts.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 from typing import Sequence
 
+from asr_grpo.config.engines import INSTALL_HINT, engine_unavailable_reason
 from asr_grpo.rollout.types import SamplingParams
 
-ENGINES = ("hf", "vllm")
-WORKER_EXTENSION = "asr_grpo.rollout.vllm_worker.WeightSyncExtension"
-_INSTALL_HINT = ('install it on a CUDA machine with `pip install -e ".[vllm]"` (after a CUDA torch), '
-                 "or use rollout=hf (the default)")
+WORKER_EXTENSION = "asr_grpo.workers.vllm_extension.WeightSyncExtension"
 
 
 class EngineUnavailable(RuntimeError):
     """The configured rollout engine cannot run on this machine."""
-
-
-def engine_unavailable_reason(engine: str) -> str | None:
-    """None when `engine` can be started here, else why not (cheap: imports nothing)."""
-    if engine not in ENGINES:
-        return f"unknown rollout engine {engine!r}: expected one of {', '.join(ENGINES)}"
-    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        return f"the vllm package is not installed in this environment; {_INSTALL_HINT}"
-    return None
 
 
 def import_vllm():
@@ -45,7 +33,7 @@ def import_vllm():
         import vllm
     except Exception as e:   # ImportError, or a CUDA/driver error raised at import
         raise EngineUnavailable(f"rollout.engine=vllm: `import vllm` failed ({type(e).__name__}: {e}); "
-                                f"{_INSTALL_HINT}") from e
+                                f"{INSTALL_HINT}") from e
     return vllm
 
 

@@ -183,7 +183,7 @@ class VLLMChunkedEngine(SequencePool):
     def join_weight_sync(self, master_addr: str, master_port: int, first_rank: int, world_size: int,
                          backend: str, specs: list[tuple[str, tuple[int, ...]]]) -> None:
         """Every worker of this engine joins the trainer's sync group, as ranks
-        first_rank .. first_rank + tensor_parallel_size - 1 (see rollout.vllm_worker)."""
+        first_rank .. first_rank + tensor_parallel_size - 1 (see workers.vllm_extension)."""
         self.llm.collective_rpc("asr_join_weight_sync",
                                 args=(master_addr, master_port, first_rank, world_size, backend, specs))
 

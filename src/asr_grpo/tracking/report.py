@@ -10,23 +10,21 @@ the nodes Ray chose) never count.
 """
 from __future__ import annotations
 
-import csv
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
+from asr_grpo.config.schema import OverlapMode
 from asr_grpo.tracking.runs import RunNotComparable, smoothed, summarize, time_to, time_to_cer
+from asr_grpo.tracking.selection import Selection, SelectionError
 
-MODE_ORDER = {"none": 0, "intra": 1, "inter": 2, "oppo": 3}
+MODE_ORDER = {m.value: i for i, m in enumerate(OverlapMode)}
 ROLE_ORDER = ("actor", "ref", "critic", "reward_model", "reward", "rollout")
 ALIASES = {"overlap.mode": "overlap", "placement.name": "placement"}
 FIXED_KEYS = ("overlap.mode", "placement.name")
 # Params that differ between runs without being an experimental choice.
 _RUN_SPECIFIC = re.compile(r"^(paths\.|logger\.|trainer\.output_dir$|trainer\.resume$|placement\.[a-z_]+\.\d+$)")
-_SAFE_TAG = re.compile(r"^[\w.:@+-]+$")
 
 # (key, header, format) of the per-run numbers the table and the CSVs show.
 METRICS = (
@@ -45,100 +43,6 @@ METRICS = (
 )
 
 
-class SelectionError(ValueError):
-    """The runs asked for cannot be found, or none of them can be compared."""
-
-
-@dataclass
-class Selection:
-    description: str                    # for people: "sweep speedup-20261130-120000 (8 runs)"
-    slug: str                           # for folder and run names
-    runs: list                          # mlflow.entities.Run
-    experiment_id: str
-    parent_run_id: Optional[str] = None
-    notes: list[str] = field(default_factory=list)
-
-
-def open_store(tracking_uri: str):
-    """An MlflowClient on `tracking_uri`; a SQLite store must already exist (MLflow would
-    silently create an empty one)."""
-    from mlflow.tracking import MlflowClient
-
-    from asr_grpo.tracking.mlflow_run import absolute_tracking_uri
-
-    uri = absolute_tracking_uri(tracking_uri)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        raise SelectionError(f"no MLflow store at {uri[len('sqlite:///'):]} (tracking_uri={uri}); runs write to "
-                             f"sqlite:///<paths.output_root>/mlflow.db: set tracking_uri= or paths.output_root=")
-    return MlflowClient(uri), uri
-
-
-def _experiment_ids(client, experiment_name: Optional[str]) -> list[str]:
-    experiments = client.search_experiments()
-    if not experiment_name:
-        return [e.experiment_id for e in experiments]
-    for e in experiments:
-        if e.name == experiment_name:
-            return [e.experiment_id]
-    raise SelectionError(f"no MLflow experiment named {experiment_name!r}; experiments in this store: "
-                         f"{', '.join(sorted(e.name for e in experiments)) or '(none)'}")
-
-
-def _search(client, experiment_ids: list[str], filter_string: str, **kw) -> list:
-    return list(client.search_runs(experiment_ids, filter_string, max_results=5000, **kw))
-
-
-def select_runs(client, *, sweep: Optional[str] = None, experiment_name: Optional[str] = None,
-                run_ids=()) -> Selection:
-    """Exactly one of: `run_ids`; `sweep` (a sweep tag, or "latest"); `experiment_name`
-    alone (all RL runs of that experiment). Nothing at all means the latest sweep."""
-    from mlflow.exceptions import MlflowException
-
-    run_ids = list(run_ids or [])
-    if run_ids and sweep:
-        raise SelectionError(f"give run_ids or sweep, not both (run_ids={run_ids}, sweep={sweep!r})")
-    if run_ids:
-        runs = []
-        for rid in run_ids:
-            try:
-                runs.append(client.get_run(str(rid)))
-            except MlflowException:
-                raise SelectionError(f"run id {rid!r} is not in this MLflow store") from None
-        return Selection(f"{len(runs)} runs", f"runs-{runs[0].info.run_id[:8]}", runs, runs[0].info.experiment_id)
-    exp_ids = _experiment_ids(client, experiment_name)
-    if experiment_name and not sweep:
-        runs = _search(client, exp_ids, "tags.stage = 'rl'")
-        if not runs:
-            raise SelectionError(f"experiment {experiment_name!r} has no RL runs (tag stage=rl)")
-        return Selection(f"experiment {experiment_name} ({len(runs)} runs)", re.sub(r"[^\w.-]", "_", experiment_name),
-                         runs, exp_ids[0])
-    sweep = sweep or "latest"
-    if sweep == "latest":
-        parents = _search(client, exp_ids, "tags.sweep_role = 'parent'", order_by=["attributes.start_time DESC"])
-        if not parents:
-            raise SelectionError("no sweep in this MLflow store: run one (python -m asr_grpo.run -m "
-                                 "experiment=speedup), or pick runs with run_ids=[...] or experiment_name=...")
-        sweep = parents[0].data.tags["sweep"]
-    if not _SAFE_TAG.match(sweep):
-        raise SelectionError(f"sweep={sweep!r} is not a sweep tag (letters, digits and ._:@+- only)")
-    runs = _search(client, exp_ids, f"tags.sweep = '{sweep}' and tags.sweep_role = 'job'")
-    parents = _search(client, exp_ids, f"tags.sweep = '{sweep}' and tags.sweep_role = 'parent'")
-    if not runs:
-        known = [r.data.tags["sweep"] for r in _search(client, exp_ids, "tags.sweep_role = 'parent'",
-                                                       order_by=["attributes.start_time DESC"])]
-        raise SelectionError(f"no runs tagged sweep={sweep!r}; sweeps in this store, newest first: "
-                             f"{', '.join(known[:10]) or '(none)'}")
-    notes = []
-    if parents:
-        failed = parents[0].data.metrics.get("sweep/jobs_failed", 0)
-        if failed:
-            notes.append(f"{failed:.0f} of {parents[0].data.metrics.get('sweep/jobs', 0):.0f} jobs of the sweep "
-                         f"failed (their errors: sweep_jobs.json of parent run {parents[0].info.run_id})")
-    return Selection(f"sweep {sweep} ({len(runs)} runs)", sweep, runs, runs[0].info.experiment_id,
-                     parents[0].info.run_id if parents else None, notes)
-
-
-# ---- the numbers ------------------------------------------------------------------------
 def label_keys(param_sets: list[dict[str, str]]) -> list[str]:
     """The params that tell configurations apart: overlap mode, placement, then whatever
     else varies that is neither the seed nor fixed by the mode and placement."""
@@ -152,12 +56,12 @@ def label_keys(param_sets: list[dict[str, str]]) -> list[str]:
     return [*FIXED_KEYS, *free]
 
 
-def _finite(x: float) -> bool:
+def finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def _ratio(base: float, value: float) -> float:
-    return base / value if _finite(base) and _finite(value) and value > 0 and base > 0 else float("nan")
+    return base / value if finite(base) and finite(value) and value > 0 and base > 0 else float("nan")
 
 
 def _baseline(rec: dict, records: list[dict], keys: list[str]) -> Optional[dict]:
@@ -202,7 +106,7 @@ def _run_metrics(s: dict, base: Optional[dict], window: int, target_frac: float,
 
 def aggregate(values: list[float]) -> dict:
     """mean and sd over the seeds that reached a finite value; n, and how many did."""
-    finite = [v for v in values if _finite(v)]
+    finite = [v for v in values if finite(v)]
     return {"mean": statistics.fmean(finite) if finite else float("nan"),
             "sd": statistics.stdev(finite) if len(finite) > 1 else float("nan"),
             "n": len(values), "n_finite": len(finite), "never": sum(1 for v in values if v == float("inf"))}
@@ -267,164 +171,5 @@ def build_report(client, selection: Selection, *, window: int = 3, target_frac: 
 
 def best_run(report: dict) -> Optional[dict]:
     """The run with the lowest final held-out CER (then the highest final reward)."""
-    scored = [r for r in report["runs"] if _finite(r["metrics"]["final_cer"])]
+    scored = [r for r in report["runs"] if finite(r["metrics"]["final_cer"])]
     return min(scored, key=lambda r: (r["metrics"]["final_cer"], -r["metrics"]["final_reward"]), default=None)
-
-
-# ---- rendering ---------------------------------------------------------------------------
-def _cell(agg: dict, fmt: str) -> str:
-    if agg["n_finite"] == 0:
-        return "never" if agg["never"] else "-"
-    text = fmt.format(agg["mean"])
-    if agg["n_finite"] > 1 and _finite(agg["sd"]):
-        text += " ± " + fmt.format(agg["sd"]).rstrip("x%")
-    if agg["n_finite"] < agg["n"]:
-        text += f" ({agg['n_finite']}/{agg['n']}" + (", others never)" if agg["never"] else ")")
-    return text
-
-
-def markdown(report: dict) -> str:
-    runs = report["runs"]
-    seeds = sorted({r["seed"] for r in runs})
-    frac = report["target_frac"]
-    reward_target = (f"{report['target_reward']:g}" if report["target_reward"] is not None else
-                     f"{frac:.0%} of that baseline's final reward (mean of its last {report['window']} steps)")
-    cer_target = (f"{report['target_cer']:g}" if report["target_cer"] is not None else
-                  f"that baseline's final held-out CER + {1 - frac:.0%}")
-    shown = [m for m in METRICS if any(_finite(r["metrics"].get(m[0], float("nan"))) or
-                                       r["metrics"].get(m[0]) == float("inf") for r in runs)]
-    roles = report["roles"]
-    head = ["configuration", "seeds", *(h for _, h, _ in shown)] + (
-        [f"util {' / '.join(roles)}"] if roles else [])
-    out = [f"Speedup report: {report['selection']}, seeds {', '.join(seeds)}.", "",
-           f"Each speedup is (the `overlap=none` run's figure) / (this run's), against the baseline run of the "
-           f"same seed and placement; the baseline itself shows 1.00x. Times are wall-clock seconds from the first "
-           f"RL step. Reward target: {reward_target}, reward smoothed over {report['window']} steps. CER target: "
-           f"{cer_target} (held-out CER is measured every `trainer.eval_every` steps; 0 s = already met before "
-           f"RL). Cells: mean ± sd over seeds; (k/n): only k of the n seeds reached the target. util: busy / "
-           f"wall time per role; stale samples: sequences trained on with tokens of an older policy.", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in report["rows"]:
-        m = row["metrics"]
-        cells = [row["label"], str(len(row["seeds"]))]
-        cells += [_cell(m[k], fmt) if k in m else "-" for k, _, fmt in shown]
-        if roles:
-            cells.append(" / ".join(_cell(m[f"util_{r}"], "{:.2f}") if f"util_{r}" in m else "-" for r in roles))
-        out.append("| " + " | ".join(cells) + " |")
-    best = best_run(report)
-    if best:
-        out += ["", f"Best run (lowest final CER): {best['run_id']} ({best['label']} seed={best['seed']}), "
-                    f"CER {best['metrics']['cer_before']:.3f} -> {best['metrics']['final_cer']:.3f}."]
-    if report["notes"]:
-        out += ["", "Notes:", *(f"- {n}" for n in report["notes"])]
-    return "\n".join(out) + "\n"
-
-
-def _csv_value(x: Any) -> Any:
-    return "" if isinstance(x, float) and math.isnan(x) else x
-
-
-def write_csvs(report: dict, out_dir: Path) -> list[Path]:
-    """`report.csv`: a row per configuration (mean and sd of each figure over seeds);
-    `runs.csv`: a row per run."""
-    keys = report["label_keys"]
-    names = sorted({k for row in report["rows"] for k in row["metrics"]})
-    rows_path, runs_path = out_dir / "report.csv", out_dir / "runs.csv"
-    with open(rows_path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["configuration", *keys, "runs", "seeds", *(f"{n}_{s}" for n in names for s in ("mean", "sd"))])
-        for row in report["rows"]:
-            w.writerow([row["label"], *(row["params"].get(k) for k in keys), len(row["run_ids"]),
-                        " ".join(row["seeds"]),
-                        *(_csv_value(row["metrics"][n][s]) if n in row["metrics"] else "" for n in names
-                          for s in ("mean", "sd"))])
-    run_names = sorted({k for r in report["runs"] for k in r["metrics"]})
-    with open(runs_path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["run_id", "run_name", "configuration", *keys, "seed", "baseline_run_id", "steps", *run_names])
-        for r in report["runs"]:
-            w.writerow([r["run_id"], r["run_name"], r["label"], *(r["params"].get(k) for k in keys), r["seed"],
-                        r["baseline_run_id"] or "", r["summary"]["steps"],
-                        *(_csv_value(r["metrics"].get(n, float("nan"))) for n in run_names)])
-    return [rows_path, runs_path]
-
-
-# ---- back into MLflow ----------------------------------------------------------------------
-def log_report(client, selection: Selection, out_dir: Path) -> str:
-    """The report folder as artifacts `report/` of the sweep's parent run, or of a new
-    `compare-<slug>` run when the runs were picked by id or experiment."""
-    run_id = selection.parent_run_id
-    if run_id is None:
-        run_id = client.create_run(selection.experiment_id, run_name=f"compare-{selection.slug}",
-                                   tags={"stage": "report", "compared": selection.description}).info.run_id
-        client.set_terminated(run_id)
-    client.log_artifacts(run_id, str(out_dir), "report")
-    return run_id
-
-
-def log_best_checkpoint(client, best: dict, model_name: str, selection: Selection) -> dict:
-    """Log the best run's last HF checkpoint as its artifact `checkpoint/hf` and register
-    it as a version of `model_name` (once per run). Returns what was done."""
-    from mlflow.exceptions import MlflowException
-
-    from asr_grpo.recipes.checkpointing import latest_checkpoint
-
-    run_id, out = best["run_id"], best["params"].get("trainer.output_dir", "")
-    try:
-        ckpt = latest_checkpoint(out) if out and Path(out).is_dir() else None
-    except FileNotFoundError as e:
-        ckpt, why = None, str(e)
-    else:
-        why = f"no checkpoint in trainer.output_dir={out!r} (trainer.save_every=0, or another machine's disk)"
-    if ckpt is None or not (ckpt / "hf").is_dir():
-        return {"run_id": run_id, "logged": False, "reason": why}
-    if "checkpoint/hf" not in {a.path for a in client.list_artifacts(run_id, "checkpoint")}:
-        client.log_artifacts(run_id, str(ckpt / "hf"), "checkpoint/hf")
-    client.set_tag(run_id, "best_of", selection.slug)
-    try:
-        client.create_registered_model(model_name, description="RL fine-tuned speech LLM (HF folder), "
-                                                               "best final CER of a compared sweep")
-    except MlflowException as e:
-        if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code):
-            raise
-    existing = [v for v in client.search_model_versions(f"name='{model_name}'") if v.run_id == run_id]
-    version = existing[0] if existing else client.create_model_version(
-        model_name, source=f"runs:/{run_id}/checkpoint/hf", run_id=run_id,
-        tags={"final_cer": f"{best['metrics']['final_cer']:.4f}", "configuration": best["label"],
-              "seed": best["seed"], "selection": selection.slug})
-    return {"run_id": run_id, "logged": True, "checkpoint": str(ckpt / "hf"), "model_name": model_name,
-            "version": version.version, "uri": f"models:/{model_name}/{version.version}"}
-
-
-# ---- the whole report ---------------------------------------------------------------------
-def compare(cfg) -> dict:
-    """Select the runs, write `report.md`, `report.csv`, `runs.csv`, `report.json` and the
-    PNG plots to the output folder, log them to MLflow, register the best run's
-    checkpoint; `cfg` is a CompareConfig. Returns what was written and logged."""
-    import json
-
-    from asr_grpo.tracking.plots import write_plots
-
-    if not _SAFE_TAG.match(cfg.model_name):
-        raise SelectionError(f"model_name={cfg.model_name!r}: letters, digits and ._:@+- only")
-    client, uri = open_store(cfg.tracking_uri)
-    selection = select_runs(client, sweep=cfg.sweep, experiment_name=cfg.experiment_name, run_ids=cfg.run_ids)
-    report = build_report(client, selection, window=cfg.window, target_frac=cfg.target_frac,
-                          target_reward=cfg.target_reward, target_cer=cfg.target_cer)
-    out = Path(cfg.output_dir or Path(cfg.paths.output_root) / "reports" / selection.slug).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    table = markdown(report)
-    (out / "report.md").write_text(table)
-    files = [out / "report.md", *write_csvs(report, out)]
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    files.append(out / "report.json")
-    if cfg.plots:
-        files += write_plots(report, out)
-    result = {"tracking_uri": uri, "selection": selection.description, "output_dir": str(out),
-              "files": [str(f) for f in files], "table": table, "report": report}
-    best = best_run(report)
-    if cfg.register_best and best is not None:
-        result["best"] = log_best_checkpoint(client, best, cfg.model_name, selection)
-    if cfg.log_to_mlflow:
-        result["logged_to_run"] = log_report(client, selection, out)
-    return result

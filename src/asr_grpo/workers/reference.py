@@ -5,13 +5,13 @@ from typing import Any
 
 import torch
 
-from asr_grpo.distributed.roles.base import ModelRole, phase, role_device
-from asr_grpo.distributed.roles.streaming import StreamScoringRole
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import load_model
 from asr_grpo.models.kv_batch import causal_lm_forward
 from asr_grpo.models.streaming import StreamingScorer, token_logprobs
 from asr_grpo.tracking import busy
+from asr_grpo.workers.base import ModelRole, phase, role_device
+from asr_grpo.workers.streaming import StreamScoringRole
 
 
 class ReferenceRole(ModelRole, StreamScoringRole):

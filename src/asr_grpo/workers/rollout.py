@@ -10,12 +10,12 @@ import torch
 
 from asr_grpo.distributed.deepspeed_strategy import backend_for_device
 from asr_grpo.distributed.placement import PlacementPlan
-from asr_grpo.distributed.roles.base import ModelRole, role_device
-from asr_grpo.distributed.roles.rollout_host import RolloutHost, sampling_params
 from asr_grpo.distributed.weight_sync import WeightSyncGroup
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import load_model
 from asr_grpo.rollout import HFChunkedEngine
+from asr_grpo.workers.base import ModelRole, role_device
+from asr_grpo.workers.rollout_host import RolloutHost, sampling_params
 
 
 class RolloutRole(ModelRole, RolloutHost):
@@ -59,7 +59,7 @@ def rollout_role_spec(cfg, plan: PlacementPlan) -> tuple[type, PlacementPlan, di
     """(role class, plan for its RoleGroup, extra init kwargs) for rollout.engine."""
     if cfg.rollout.engine == "hf":
         return RolloutRole, plan, {}
-    from asr_grpo.distributed.roles.vllm_rollout import VLLMRolloutRole, engine_plan
+    from asr_grpo.workers.vllm_rollout import VLLMRolloutRole, engine_plan
 
     engines, bundles = engine_plan(plan, cfg.rollout.tensor_parallel_size)
     return VLLMRolloutRole, engines, {"bundle_indices": bundles}

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from asr_grpo.config.schema import PlacementConfig
 from asr_grpo.distributed.placement import create_placement_group, plan_placement
-from asr_grpo.distributed.roles.base import phase_threads
+from asr_grpo.workers.base import phase_threads
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +51,10 @@ def test_reserved_cpus_and_gpus_do_not_switch(cfgs):
 
 
 def test_the_roles_methods_carry_their_phase():
-    from asr_grpo.distributed.roles.critic import CriticRole
-    from asr_grpo.distributed.roles.policy import PolicyRole
-    from asr_grpo.distributed.roles.reference import ReferenceRole
-    from asr_grpo.distributed.roles.reward_model import RewardModelRole
+    from asr_grpo.workers.critic import CriticRole
+    from asr_grpo.workers.policy import PolicyRole
+    from asr_grpo.workers.reference import ReferenceRole
+    from asr_grpo.workers.reward_model import RewardModelRole
 
     seen = {f"{cls.__name__}.{m}": getattr(getattr(cls, m), "thread_phase", None) for cls, m in [
         (PolicyRole, "train"), (PolicyRole, "transcribe"), (PolicyRole, "compute_logprobs"), (PolicyRole, "decode"),
@@ -83,7 +83,7 @@ def probe_cls():
 
     import torch
 
-    from asr_grpo.distributed.roles.base import ModelRole, node_cores, phase
+    from asr_grpo.workers.base import ModelRole, node_cores, phase
 
     class ThreadProbe(ModelRole):
         def seen(self) -> dict:

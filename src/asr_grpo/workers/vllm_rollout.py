@@ -15,11 +15,11 @@ import torch
 
 from asr_grpo.distributed.placement import PlacementPlan, Slot
 from asr_grpo.distributed.role_group import DIST_ENV_KEYS
-from asr_grpo.distributed.roles.base import ModelRole
-from asr_grpo.distributed.roles.rollout_host import RolloutHost, sampling_params
 from asr_grpo.distributed.weight_sync import tensor_specs
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.rollout import create_vllm_engine
+from asr_grpo.workers.base import ModelRole
+from asr_grpo.workers.rollout_host import RolloutHost, sampling_params
 
 
 def engine_plan(plan: PlacementPlan, tensor_parallel_size: int) -> tuple[PlacementPlan, list[list[int]]]:

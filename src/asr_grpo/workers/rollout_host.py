@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from asr_grpo.config.schema import AlgorithmConfig
 from asr_grpo.distributed.faults import RestartAware
-from asr_grpo.distributed.roles.base import phase
 from asr_grpo.rollout import ChunkedEngine, RolloutRequest, SamplingParams, SequenceResult, SequenceState
 from asr_grpo.tracking import busy
+from asr_grpo.workers.base import phase
 
 
 def sampling_params(algo: AlgorithmConfig, seed: int) -> SamplingParams:

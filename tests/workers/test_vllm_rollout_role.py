@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 
 from asr_grpo.config.validate import ConfigError, config_problems, validate_config
 from asr_grpo.distributed.placement import plan_placement, role_counts
-from asr_grpo.distributed.roles.rollout import RolloutRole, rollout_ranks, rollout_role_spec, sync_backend
-from asr_grpo.distributed.roles.vllm_rollout import engine_plan
+from asr_grpo.workers.rollout import RolloutRole, rollout_ranks, rollout_role_spec, sync_backend
+from asr_grpo.workers.vllm_rollout import engine_plan
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 

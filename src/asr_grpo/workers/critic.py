@@ -7,15 +7,15 @@ from typing import Any
 import torch
 
 from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
-from asr_grpo.distributed.roles.base import ModelRole, join_process_group, phase, rng_state, set_rng_state
-from asr_grpo.distributed.roles.streaming import StreamScoringRole
-from asr_grpo.distributed.roles.training import run_updates
 from asr_grpo.experience.losses import critic_loss
 from asr_grpo.experience.types import ExperienceItem, SequenceRef
 from asr_grpo.models import load_processor
 from asr_grpo.models.critic import ValueModel, value_forward
 from asr_grpo.models.streaming import StreamingScorer, identity_score
 from asr_grpo.tracking import busy
+from asr_grpo.workers.base import ModelRole, join_process_group, phase, rng_state, set_rng_state
+from asr_grpo.workers.streaming import StreamScoringRole
+from asr_grpo.workers.training import run_updates
 
 
 class CriticRole(ModelRole, StreamScoringRole):

@@ -8,8 +8,6 @@ from typing import Any
 
 import torch
 
-from asr_grpo.distributed.roles.base import ModelRole, phase, role_device
-from asr_grpo.distributed.roles.streaming import StreamScoringRole
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import load_processor
 from asr_grpo.models.kv_batch import causal_lm_forward
@@ -22,6 +20,8 @@ from asr_grpo.models.text_lm import (
     start_token_id,
 )
 from asr_grpo.tracking import busy
+from asr_grpo.workers.base import ModelRole, phase, role_device
+from asr_grpo.workers.streaming import StreamScoringRole
 
 
 class RewardModelRole(ModelRole, StreamScoringRole):

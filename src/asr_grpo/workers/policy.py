@@ -8,9 +8,6 @@ import numpy as np
 import torch
 
 from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
-from asr_grpo.distributed.roles.base import ModelRole, join_process_group, phase, rng_state, set_rng_state
-from asr_grpo.distributed.roles.rollout_host import RolloutHost, sampling_params
-from asr_grpo.distributed.roles.training import run_updates
 from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_model
 from asr_grpo.evaluation import transcribe
 from asr_grpo.experience.losses import actor_loss
@@ -18,6 +15,9 @@ from asr_grpo.experience.types import ExperienceItem, SequenceRef
 from asr_grpo.models import load_model, parameter_counts, save_hf_checkpoint, set_audio_encoder_frozen
 from asr_grpo.rollout import HFChunkedEngine
 from asr_grpo.tracking import busy
+from asr_grpo.workers.base import ModelRole, join_process_group, phase, rng_state, set_rng_state
+from asr_grpo.workers.rollout_host import RolloutHost, sampling_params
+from asr_grpo.workers.training import run_updates
 
 
 class PolicyRole(ModelRole, RolloutHost):
@@ -52,7 +52,7 @@ class PolicyRole(ModelRole, RolloutHost):
     def train(self, items: list[ExperienceItem]) -> dict[str, float]:
         cfg = self.cfg
         return run_updates(self.train_engine, items, cfg.trainer,
-                           lambda model, mb: actor_loss(model, mb, cfg.algorithm, self.pad_id, cfg.overlap))
+                           lambda model, mb: actor_loss(model, mb, cfg.algorithm, self.pad_id))
 
     @phase("solo")
     def transcribe(self, audios: list[np.ndarray], languages: list[str]) -> list[str]:

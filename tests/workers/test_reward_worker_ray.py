@@ -1,7 +1,8 @@
 """RewardWorker as a real Ray actor in a local Ray."""
 import pytest
 
-from asr_grpo.rewards import RewardResult, remote_reward_worker
+from asr_grpo.rewards import RewardResult
+from asr_grpo.workers.reward import remote_reward_worker
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
