@@ -154,7 +154,7 @@ def h200_oppo_from_none() -> dict:
     entries = [(f, json.loads(f.read_text())[0]) for f in files]
     facts = {f.name: from_summary(str(f)) for f, _ in entries}
     # One machine, one model, one engine: the decode round's costs fitted over every serial
-    # run (each gives one equation in its mean step). The brief's model, a·rounds + b·rows,
+    # run (each gives one equation in its mean step). The simplest model, a·rounds + b·rows,
     # is the forecast; with a rebuild cost per prompt as a third unknown (c·prompts), the four
     # equations fit a = 0: shown beside it, as what the data cannot decide.
     steps = [fa.steps[0] for fa in facts.values()]
@@ -308,7 +308,7 @@ def discuss(res: dict) -> None:
         over = sum(e < 0 for e in errs[fits[0]])
         res["h200_discussion"] = (
             "**H200, oppo from none:** the four serial summaries give one equation each and cannot tell a round's "
-            f"fixed cost from a per-row or per-prompt cost. The brief's fit ({fits[0]}) puts the decode on rounds and "
+            f"fixed cost from a per-row or per-prompt cost. The rounds-and-rows fit ({fits[0]}) puts the decode on rounds and "
             f"over-predicts what cutting the tail saves in {over} runs of {len(errs[fits[0]])} (oppo-step errors "
             + ", ".join(f"{e:+.0%}" for e in errs[fits[0]])
             + f"; mean |error| {h['mean_abs_oppo_error'][fits[0]]:.0%}); "

@@ -17,7 +17,7 @@ project's own paths:
 - weight sync: copying every trainable weight into a second copy on the same device
   (what a colocated engine's weight load costs; an NCCL broadcast across GPUs is slower).
 Each measurement is the median of a few repeats after a warm-up. Sized for a few minutes
-of device time for 1.7B (not yet run on a GPU: this session had none); the tiny shape on
+of device time for 1.7B (not yet run on a GPU); the tiny shape on
 one CPU thread takes seconds, which is how it is tested.
 """
 from __future__ import annotations

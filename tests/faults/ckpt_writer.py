@@ -30,7 +30,7 @@ def main(out: Path, mode: str) -> None:
 
     from asr_grpo.config.schema import ModelConfig
     from asr_grpo.models import build_model, build_processor, save_hf_checkpoint, train_tokenizer
-    from asr_grpo.recipes import checkpointing as ckpt
+    from asr_grpo.models import step_checkpoints as ckpt
 
     tokenizer = train_tokenizer(TINY_TEXTS, vocab_size=400)
     processor, model = build_processor(tokenizer), build_model(ModelConfig(), tokenizer, seed=0)

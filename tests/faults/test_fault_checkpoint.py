@@ -16,8 +16,8 @@ from fault_injection import wait_for
 from safetensors.torch import load_file
 
 from asr_grpo.models import checkpoint_metadata, is_complete_checkpoint, load_model
+from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.models.checkpoint import COMPLETE_MARKER
-from asr_grpo.recipes import checkpointing as ckpt
 
 pytestmark = pytest.mark.slow
 WRITER = Path(__file__).with_name("ckpt_writer.py")

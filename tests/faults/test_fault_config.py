@@ -17,6 +17,7 @@ SCHEMA_FAULTS = {
     "unknown key": (["trainer.stepz=3"], "Could not override 'trainer.stepz'"),
     "wrong type": (["trainer.steps=many"], "trainer.steps"),
     "wrong type in a list": (["overlap.chunk_candidates=[8,big]"], "overlap.chunk_candidates"),
+    "unknown choice": (["reward.on_bad_reward=ignore"], "Invalid value 'ignore', expected one of [error, drop]"),
 }
 # Caught by the checks at set-up (validate_config, plan_placement).
 COMBINATION_FAULTS = {
@@ -30,7 +31,6 @@ COMBINATION_FAULTS = {
                                    "placement.actor_gpus=0.8 + placement.ref_gpus=0.5 = 1.3"),
     "PPO without a critic": (["algorithm=ppo", "algorithm.use_critic=false"],
                              "algorithm.name=ppo needs a critic: set algorithm.use_critic=true"),
-    "unknown choice": (["reward.on_bad_reward=ignore"], "reward.on_bad_reward='ignore': must be one of error, drop"),
 }
 
 
@@ -39,7 +39,7 @@ def test_schema_fault_is_rejected_naming_the_key(tmp_path, fault):
     overrides, needle = SCHEMA_FAULTS[fault]
     with pytest.raises(Exception) as err:
         compose_cfg(tmp_path, *overrides)
-    assert needle in str(err.value)
+    assert needle in f"{err.value} {err.value.__cause__}"
 
 
 @pytest.mark.parametrize("fault", list(COMBINATION_FAULTS))
@@ -60,3 +60,13 @@ def test_the_command_line_names_the_bad_key_and_starts_nothing(tmp_path):
     assert done.returncode != 0
     assert "Key 'stepz' not in 'TrainerConfig'" in done.stderr + done.stdout
     assert not any(tmp_path.iterdir())   # no corpus, no checkpoint, no MLflow store
+
+
+def test_an_impossible_combination_on_the_command_line_is_one_message_without_traceback(tmp_path):
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    done = subprocess.run([sys.executable, "-m", "asr_grpo.run", "overlap.chunk_size=0",
+                           f"paths.output_root={tmp_path}"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1
+    assert "asr_grpo.run: invalid configuration: overlap.chunk_size=0: must be >= 1" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]   # Hydra's run folder only: no corpus, no store

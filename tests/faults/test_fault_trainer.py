@@ -12,7 +12,7 @@ from fault_injection import finish, kill_when, own_actor_pids, sigkill
 from helpers import compose_cfg, metric_history
 
 from asr_grpo.distributed.faults import TrainerDied
-from asr_grpo.recipes import checkpointing as ckpt
+from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.recipes.rl import run_rl
 
 pytestmark = pytest.mark.slow

@@ -38,12 +38,16 @@ def recipe(root, fault_reward):
                       "reward=asr_lm", f"reward.reward_file={fault_reward.path}", f"trainer.prompts_per_step={B}",
                       f"algorithm.n_samples_per_prompt={N}", "trainer.eval_every=0", "trainer.save_every=0",
                       "trainer.lr_warmup_steps=0", f"trainer.output_dir={root}/faults_workers")
-    r = RLRecipe(cfg)
+    TRAINED.clear()
+    r = RLRecipe(cfg, step_callbacks=[TRAINED.append])
     try:
         r.setup()
         yield r
     finally:
         r.cleanup()
+
+
+TRAINED: list = []   # the recipe's TrainedStep records, newest last
 
 
 def step(recipe) -> dict:
@@ -91,7 +95,7 @@ def test_rollout_and_reward_workers_killed_mid_step_are_restarted(recipe, fault_
     # with their tokens so far) in the same step, which trained on B finished groups.
     assert recipe.rollout_group.pids()[0] != rollout_pid
     assert metrics["faults/rollout_restores"] == 1 and metrics["faults/restarts/rollout"] == 1
-    rollout = recipe.last_rollout
+    rollout = TRAINED[-1].rollout
     assert len(rollout.groups) == B
     assert all(s.done and len(s.versions) == len(s.tokens) for rs in rollout.results.values() for s in rs)
     assert carried > 0 or metrics["overlap/carried_groups"] > 0, "nothing was carried: overcommit not exercised"
@@ -123,7 +127,7 @@ def test_streaming_scorers_killed_mid_step_rescore_what_they_lost(recipe):
     assert metrics["faults/rescored_sequences"] > rescored
     # Whether streamed before the crash or re-scored after it, each reference log-prob
     # is what one-shot scoring of the finished sequence gives.
-    items = recipe.last_items
+    items = TRAINED[-1].items
     refs = [SequenceRef(it.uid, it.prompt_ids, it.response_ids, it.features) for it in items]
     expected = ray.get(recipe.ref.call_rank(0, "compute_logprobs", refs))
     for it, want in zip(items, expected):
@@ -134,10 +138,10 @@ def test_streaming_scorers_killed_mid_step_rescore_what_they_lost(recipe):
 def test_nan_never_reaches_the_optimizer(recipe):
     step(recipe)
     before = optimizer_steps(recipe)
-    item = recipe.last_items[0]
+    item = TRAINED[-1].items[0]
     poisoned = dataclasses.replace(item, advantages=torch.full_like(item.advantages, math.nan))
     with pytest.raises(NonFiniteError, match=rf"advantages of samples \['{item.uid}'\]"):
-        ray.get(recipe.policy.call_split("train", [[recipe.last_items[1], poisoned]]))
+        ray.get(recipe.policy.call_split("train", [[TRAINED[-1].items[1], poisoned]]))
     assert optimizer_steps(recipe) == before
 
 
@@ -166,19 +170,19 @@ def test_drop_policy_loses_only_the_affected_samples(recipe, fault_reward):
         before = optimizer_steps(recipe)
         metrics = step(recipe)
         assert metrics["reward/dropped"] == 1 and metrics["reward/dropped_groups"] == 1
-        assert len(recipe.last_items) == (B - 1) * N and math.isfinite(metrics["reward/total"])
+        assert len(TRAINED[-1].items) == (B - 1) * N and math.isfinite(metrics["reward/total"])
         assert optimizer_steps(recipe) > before   # the rest trained, on finite numbers only
 
         fault_reward.set("raise_on_first")   # raises on one text: retried per sample, only it dropped
         metrics = step(recipe)
-        poisoned = recipe.last_rollout.groups[0].utterance["text"]
-        hit = sum(g.utterance["text"] == poisoned for g in recipe.last_rollout.groups)
-        assert metrics["reward/dropped_groups"] == hit and len(recipe.last_items) == (B - hit) * N
+        poisoned = TRAINED[-1].rollout.groups[0].utterance["text"]
+        hit = sum(g.utterance["text"] == poisoned for g in TRAINED[-1].rollout.groups)
+        assert metrics["reward/dropped_groups"] == hit and len(TRAINED[-1].items) == (B - hit) * N
 
         fault_reward.set("hang")   # times out: the batch is dropped, the stuck worker restarted
         pid, before = dropper.pids()[0], optimizer_steps(recipe)
         metrics = step(recipe)
-        assert metrics["reward/dropped_groups"] == B and recipe.last_items == []
+        assert metrics["reward/dropped_groups"] == B and TRAINED[-1].items == []
         assert metrics["faults/reward_worker_restarts"] >= 1 and dropper.pids()[0] != pid
         assert optimizer_steps(recipe) == before   # nothing to train on: no update
     finally:

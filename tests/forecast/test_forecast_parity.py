@@ -91,8 +91,7 @@ def forecast_run(mode: str, hosts: int, steps: int, **kw) -> list[list[tuple]]:
     out = []
     for step in range(steps):
         rec = sim.step(step)
-        ro_results = sim.last_rollout.results
-        out.append([(g, tuple((r.uid, len(r.tokens), r.finish_reason) for r in ro_results[g])) for g in rec.trained])
+        out.append([(g, tuple(rec.samples_of[g])) for g in rec.trained])
     return out
 
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from asr_grpo.distributed.deepspeed_strategy import load_weights_only
 from asr_grpo.experience.maker import split_even
-from asr_grpo.recipes import checkpointing as ckpt
+from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.recipes.rl import RLRecipe, run_rl
 
 pytestmark = pytest.mark.slow
@@ -104,10 +104,10 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
                       "overlap.chunk_size=2", "algorithm.recompute_old_logprobs=false",
                       "algorithm.max_new_tokens=20", f"trainer.prompts_per_step={B}", f"trainer.steps={steps}",
                       "trainer.eval_every=0", "trainer.save_every=0", f"trainer.output_dir={root}/overcommit")
-    recipe = RLRecipe(cfg)
+    trained_steps = []
+    recipe = RLRecipe(cfg, step_callbacks=[trained_steps.append])
     try:
         recipe.setup()
-        recipe.scheduler.ledger = {}
         trained_tokens: dict[str, list[int]] = {}
         carried_partials = stale_items = 0
         staleness = []
@@ -118,7 +118,7 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
                                     if s.tokens and not s.done)
             metrics = recipe.train_step(step)
             staleness.append(metrics["overlap/staleness_max"])
-            rollout = recipe.last_rollout
+            rollout, items = trained_steps[-1].rollout, trained_steps[-1].items
             assert len(rollout.groups) == B   # exactly B groups trained on
             now = {s.uid: s for rs in rollout.results.values() for s in rs}
             now.update({s.uid: s for e in recipe.scheduler.buffer for s in e.samples.values()})
@@ -131,18 +131,18 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
                     assert len(s.versions) == len(s.tokens) and s.versions == sorted(s.versions)
             # recompute_old_logprobs=false: only sequences the current weights sampled
             # throughout reuse their behaviour log-probs; carried ones are recomputed.
-            for item in recipe.last_items:
+            for item in items:
                 fresh = min(item.versions) == step
                 stale_items += not fresh
                 assert torch.equal(item.old_logprobs, item.behaviour_logprobs) == fresh, (step, item.uid)
             assert metrics["experience/old_logprobs_reused_frac"] == pytest.approx(
-                sum(min(it.versions) == step for it in recipe.last_items) / len(recipe.last_items))
-        ledger = recipe.scheduler.ledger
-        trained = [g for batch in ledger["trained"] for g in batch]
+                sum(min(it.versions) == step for it in items) / len(items))
+        trained = [g.uid for t in trained_steps for g in t.rollout.groups]
+        entered = [uid for t in trained_steps for uid in t.rollout.admitted]
         assert len(trained) == len(set(trained)) == B * steps
         waiting = {e.group.uid for e in recipe.scheduler.buffer}
-        assert set(ledger["entered"]) == set(trained) | waiting and not set(trained) & waiting
-        assert len(ledger["entered"]) == len(set(ledger["entered"]))
+        assert set(entered) == set(trained) | waiting and not set(trained) & waiting
+        assert len(entered) == len(set(entered))
         assert carried_partials > 0, "the workload never carried a partial sequence: test is vacuous"
         assert max(staleness) >= 1 and stale_items > 0
     finally:

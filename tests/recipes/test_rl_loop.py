@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import is_complete_checkpoint, load_model
-from asr_grpo.recipes import checkpointing as ckpt
+from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.recipes.rl import RLRecipe, run_rl
 
 pytestmark = pytest.mark.slow

@@ -101,4 +101,5 @@ def config_problems(cfg: Any) -> list[str]:
 def validate_config(cfg: Any) -> None:
     problems = config_problems(cfg)
     if problems:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+        listed = problems[0] if len(problems) == 1 else "\n  - " + "\n  - ".join(problems)
+        raise ConfigError(f"invalid configuration: {listed}")

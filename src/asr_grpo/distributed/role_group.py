@@ -136,9 +136,6 @@ class RoleGroup:
     def world_size(self) -> int:
         return len(self._handles)
 
-    def __len__(self) -> int:
-        return len(self._handles)
-
     def call(self, method: str, *args, **kwargs) -> list:
         """`method(*args, **kwargs)` on every rank; one ObjectRef per rank."""
         return [getattr(h, method).remote(*args, **kwargs) for h in self._handles]

@@ -183,13 +183,13 @@ class ExperienceMaker:
         items, adv = experience_items(algo, seqs, refs, old, ref, values, reward.total)
         lengths = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.float32)
         metrics = {**reward.log("reward/"), **adv.metrics, **faults, "perf/time/scoring": score_s,
-                   "charts/response_length": float(lengths.mean()) if seqs else 0.0,
-                   **({"charts/response_length_p50": float(lengths.quantile(0.5)),
-                       "charts/response_length_p90": float(lengths.quantile(0.9)),
-                       "charts/response_length_max": float(lengths.max())} if seqs else {}),
+                   "charts/response_length": float(lengths.mean()),
+                   "charts/response_length_p50": float(lengths.quantile(0.5)),
+                   "charts/response_length_p90": float(lengths.quantile(0.9)),
+                   "charts/response_length_max": float(lengths.max()),
                    "experience/old_logprobs_reused_frac": sum(s.uid in reused for s in seqs) / len(seqs),
                    "overlap/streamed_frac": sum(len(v.uids) for v in streamed.values())
-                   / max(1, len(seqs) * len(streamed)) if streamed else 0.0,
-                   "charts/truncated_frac": sum(s.finish_reason == "length" for s in seqs) / max(1, len(seqs)),
-                   "charts/advantage_abs": float(torch.cat(adv.advantages).abs().mean()) if seqs else 0.0}
+                   / (len(seqs) * len(streamed)) if streamed else 0.0,
+                   "charts/truncated_frac": sum(s.finish_reason == "length" for s in seqs) / len(seqs),
+                   "charts/advantage_abs": float(torch.cat(adv.advantages).abs().mean())}
         return items, metrics

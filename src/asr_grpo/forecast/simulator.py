@@ -50,6 +50,7 @@ class StepRecord:
     carried_unfinished: float
     stale_samples: int
     trained: list[str]                  # group uids, in the scheduler's order
+    samples_of: dict[str, list[tuple[str, int, str]]]   # group uid -> (sample uid, tokens, finish reason)
     busy: dict[str, float]              # role -> busy seconds this step (per GPU of its group)
     spans: list[Span] = field(default_factory=list)
 
@@ -114,7 +115,7 @@ class Simulation:
     def step(self, step: int) -> StepRecord:
         p, clock = self.profile, self.clock
         t0 = clock.now
-        ro = self.last_rollout = self.scheduler.rollout(step, lambda k: self._source(k, step))
+        ro = self.scheduler.rollout(step, lambda k: self._source(k, step))
         t_r = max(clock.now, t0)
         prompt = {g.uid: self.workload.prompt_tokens(g.uid) for g in ro.groups}
         seqs = [s for g in ro.groups for s in ro.results[g.uid]]
@@ -171,6 +172,7 @@ class Simulation:
                           int(m["overlap/delta"]), len(seqs), m["overlap/decode_rounds"], m["overlap/rows_decoded"],
                           m["overlap/carried_unfinished_groups"],
                           int(round(m["overlap/staleness_frac_ge1"] * len(seqs))), [g.uid for g in ro.groups],
+                          {g: [(s.uid, len(s.tokens), s.finish_reason) for s in rs] for g, rs in ro.results.items()},
                           self._busy(spans), spans)
 
     def run(self, steps: int) -> list[StepRecord]:

@@ -98,6 +98,7 @@ class StepRollout:
     results: dict[str, list[SequenceResult]]        # group uid -> its n samples
     streamed: dict[str, StreamedScores]             # scorer -> its scores of those sequences
     metrics: dict[str, float]
+    admitted: list[str] = field(default_factory=list)   # uids of the groups that entered the buffer this step
 
 
 class RolloutScheduler:
@@ -126,7 +127,6 @@ class RolloutScheduler:
         self.round = 0   # decode calls so far
         self.tick = 0    # decode rounds (one token for every live sequence) so far
         self.counts = {"groups_entered": 0, "groups_trained": 0}
-        self.ledger: dict[str, list] | None = None   # set to {} to record every group (tests)
         self._plan: StepPlan | None = None
         self._step_info: dict = {}
         self._registered: set[tuple[str, str]] = set()   # (scorer, sequence uid)
@@ -153,8 +153,9 @@ class RolloutScheduler:
         chunk, delta = plan.chunk, plan.delta
         self._begin_scorers(streaming=chunk is not None)
         want = self.B + delta - len(self.buffer)
-        if want > 0:
-            self._admit(new_groups(want))
+        admitted = new_groups(want) if want > 0 else []
+        if admitted:
+            self._admit(admitted)
         rounds = ticks = rows = 0
         # Several hosts each stop at their share of the groups needed: calls of at most
         # `recheck_tokens` let the driver recount the groups finished overall.
@@ -194,7 +195,7 @@ class RolloutScheduler:
                    **staleness_histogram(staleness)}
         if plan.predicted_s is not None:
             metrics["overlap/predicted_step_s"] = plan.predicted_s
-        return StepRollout([e.group for e in chosen], results, streamed, metrics)
+        return StepRollout([e.group for e in chosen], results, streamed, metrics, [g.uid for g in admitted])
 
     def end_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Feed the planner what this step measured (phase times from `metrics`, decode
@@ -260,8 +261,6 @@ class RolloutScheduler:
             self.buffer.append(BufferedGroup(g, h))
             per_host[h].extend(g.requests())
         self.counts["groups_entered"] += len(groups)
-        if self.ledger is not None:
-            self.ledger.setdefault("entered", []).extend(g.uid for g in groups)
         self._gather(self.hosts.call_split("add_requests", per_host))
 
     def _gather(self, refs: list) -> list:
@@ -335,8 +334,6 @@ class RolloutScheduler:
         self.buffer = [e for e in self.buffer if id(e) not in ids]
         chosen.sort(key=lambda e: (e.finished_tick, e.group.entered_step))
         self.counts["groups_trained"] += len(chosen)
-        if self.ledger is not None:
-            self.ledger.setdefault("trained", []).append([e.group.uid for e in chosen])
         return chosen
 
     def _stream(self, touched: list[SequenceResult]) -> None:

@@ -10,7 +10,9 @@ import contextlib
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import ray
@@ -28,9 +30,9 @@ from asr_grpo.distributed.role_group import RoleGroup
 from asr_grpo.experience.maker import ExperienceMaker, split_even
 from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.models import is_complete_checkpoint, load_processor
+from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.models.text_lm import ensure_text_lm
-from asr_grpo.overlap.scheduler import RolloutScheduler
-from asr_grpo.recipes import checkpointing as ckpt
+from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
 from asr_grpo.rewards.text import error_rates_by_language
 from asr_grpo.tracking import MlflowRun
 from asr_grpo.workers.critic import CriticRole
@@ -61,10 +63,22 @@ def optimizer_steps_per_rl_step(cfg) -> int:
     return max(1, cfg.trainer.train_epochs * micro // cfg.trainer.grad_accum_steps)
 
 
+@dataclass
+class TrainedStep:
+    """One finished RL step, as the recipe's step callbacks see it."""
+    step: int
+    rollout: StepRollout            # the B groups trained on: samples, streamed scores, admitted uids
+    items: list                     # the ExperienceItems the update used (dropped groups left out)
+    metrics: dict[str, float]       # what the step logs
+
+
 class RLRecipe:
-    def __init__(self, cfg: RunConfig | DictConfig, run_name: str = "rl", tags: dict | None = None):
+    def __init__(self, cfg: RunConfig | DictConfig, run_name: str = "rl", tags: dict | None = None,
+                 step_callbacks: list[Callable[[TrainedStep], None]] | None = None):
         self.cfg, self.run_name = cfg, run_name
         self.tags = dict(tags or {})   # extra MLflow tags (a sweep job's sweep and parent run)
+        # Called after every step with what it trained on (inspection, custom logging).
+        self.step_callbacks = list(step_callbacks or [])
         self.step = 0
         self.weights_version = 0   # the policy version the rollout engines hold
 
@@ -116,8 +130,9 @@ class RLRecipe:
         hosts = self.policy if self.rollout_group is None else self.rollout_group
         scorers = {name: g for name, g in (("ref", self.ref), ("values", self.critic), ("lm", self.reward_model))
                    if g is not None}
+        restore = self._restore_rollout_worker if self.rollout_group is not None else None
         self.scheduler = RolloutScheduler(cfg.overlap, cfg.trainer.prompts_per_step, hosts, scorers,
-                                          restore_host=self._restore_rollout_worker if self.rollout_group else None,
+                                          restore_host=restore,
                                           frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg))
         self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward,
                                      self.reward_model)
@@ -210,10 +225,8 @@ class RLRecipe:
         if self.rollout_group is not None and self.cfg.rollout.sleep_level:
             ray.get(self.rollout_group.call("sleep"))   # colocated vLLM frees the GPU for training
         t_score = time.monotonic()
-        self.last_rollout = rollout   # kept for inspection (tests, debugging)
         items, metrics = self.maker.make(rollout.groups, rollout.results, rollout.streamed,
                                          version=self.weights_version)
-        self.last_items = items
         metrics.update(rollout.metrics)
         t_train = time.monotonic()
         trainers = [g for g in (self.policy, self.critic) if g is not None]
@@ -230,6 +243,8 @@ class RLRecipe:
                         "perf/time/step": step_s, "charts/num_sequences": float(len(items)),
                         **self.utilization(step_s), **self.fault_metrics()})
         metrics.update(self.scheduler.end_step(step, metrics))
+        for callback in self.step_callbacks:
+            callback(TrainedStep(step, rollout, items, metrics))
         return metrics
 
     def utilization(self, wall_s: float) -> dict[str, float]:

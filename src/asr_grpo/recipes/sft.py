@@ -182,7 +182,9 @@ class SFTRecipe:
                                 "perf/steps_per_s": step / (time.monotonic() - start)})
                 tracker.log_metrics(metrics, step=step)
                 bar.update(1)
-                bar.set_postfix(loss=f"{metrics['loss/total']:.3f}", cer=last_eval.get("cer", float("nan")))
+                # dev CER appears once evaluated (sft.eval_every_steps), then holds its last value
+                bar.set_postfix(loss=f"{metrics['loss/total']:.3f}",
+                                **({"dev_cer": f"{last_eval['cer']:.3f}"} if "cer" in last_eval else {}))
                 if cfg.eval_every_steps and step % cfg.eval_every_steps == 0:
                     last_eval = self.evaluate(max_utterances=cfg.eval_max_utterances)
                     tracker.log_metrics({f"eval/{k}": v for k, v in last_eval.items()}, step=step)

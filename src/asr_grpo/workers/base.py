@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.distributed.placement import role_counts
+from asr_grpo.models import load_model
 from asr_grpo.models.kv_batch import causal_lm_forward
 from asr_grpo.models.streaming import score_once, token_logprobs
 from asr_grpo.tracking import BusyClock
@@ -184,15 +185,17 @@ class ModelRole(BusyClock):
         finally:
             torch.set_num_threads(before)
 
+    def load_frozen_model(self) -> tuple[torch.nn.Module, int]:
+        """model.path's model on this role's device, for inference only, and its pad id."""
+        model, processor = load_model(self.cfg.model.path, self.cfg.model.dtype)
+        return model.to(role_device()).eval().requires_grad_(False), processor.tokenizer.pad_token_id
+
     def engine_trainer_cfg(self):
         """trainer config for `TrainingEngine`, which wants a thread count: the training
         phase's (the roles' `threads` then set every phase per call)."""
         trainer = self.cfg.trainer.copy()
         trainer.num_threads = self.phase_threads["train"]
         return trainer
-
-    def ping(self) -> int:
-        return os.getpid()
 
     @torch.no_grad()
     def _logprobs(self, model, items: Sequence, micro_batch: int) -> list[torch.Tensor]:

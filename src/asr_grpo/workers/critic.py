@@ -11,7 +11,7 @@ from asr_grpo.experience.losses import critic_loss
 from asr_grpo.experience.types import ExperienceItem, SequenceRef
 from asr_grpo.models import load_processor
 from asr_grpo.models.critic import ValueModel, value_forward
-from asr_grpo.models.streaming import StreamingScorer, identity_score
+from asr_grpo.models.streaming import identity_score
 from asr_grpo.tracking import busy
 from asr_grpo.workers.base import ModelRole, join_process_group, phase, rng_state, set_rng_state
 from asr_grpo.workers.streaming import StreamScoringRole
@@ -26,9 +26,7 @@ class CriticRole(ModelRole, StreamScoringRole):
         self.pad_id = load_processor(self.cfg.model.path).tokenizer.pad_token_id
         self.train_engine = TrainingEngine(model, self.engine_trainer_cfg(), lr=self.cfg.trainer.critic_lr,
                                            num_training_steps=optimizer_steps)
-        self.yield_cpu_to_actor(self.cfg.overlap.scorer_nice)
-        self.scorer = StreamingScorer(lambda: value_forward(self.train_engine.module), self.pad_id,
-                                      identity_score, max_batch_size=self.cfg.trainer.rollout_batch_size)
+        self.start_streaming(lambda: value_forward(self.train_engine.module), identity_score)
 
     @contextlib.contextmanager
     def scoring_weights(self):

@@ -12,11 +12,10 @@ from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_model
 from asr_grpo.evaluation import transcribe
 from asr_grpo.experience.losses import actor_loss
 from asr_grpo.experience.types import ExperienceItem, SequenceRef
-from asr_grpo.models import load_model, parameter_counts, save_hf_checkpoint, set_audio_encoder_frozen
-from asr_grpo.rollout import HFChunkedEngine
+from asr_grpo.models import load_model, save_hf_checkpoint, set_audio_encoder_frozen
 from asr_grpo.tracking import busy
 from asr_grpo.workers.base import ModelRole, join_process_group, phase, rng_state, set_rng_state
-from asr_grpo.workers.rollout_host import RolloutHost, sampling_params
+from asr_grpo.workers.rollout_host import RolloutHost, hf_engine
 from asr_grpo.workers.training import run_updates
 
 
@@ -26,19 +25,13 @@ class PolicyRole(ModelRole, RolloutHost):
         rank = join_process_group()
         self.rank = rank
         model, self.processor = load_model(self.cfg.model.path, self.cfg.model.dtype)
-        self.counts = set_audio_encoder_frozen(model, self.cfg.model.freeze_audio_encoder)
+        set_audio_encoder_frozen(model, self.cfg.model.freeze_audio_encoder)
         self.train_engine = TrainingEngine(model, self.engine_trainer_cfg(), lr=self.cfg.trainer.lr,
                                            num_training_steps=optimizer_steps)
         tok = self.processor.tokenizer
         self.pad_id = tok.pad_token_id
         self.sync: WeightSyncGroup | None = None
-        self.engine = HFChunkedEngine(self.train_engine.module, model.generation_config.eos_token_id,
-                                      self.pad_id, sampling_params(self.cfg.algorithm, self.cfg.seed),
-                                      max_batch_size=self.cfg.trainer.rollout_batch_size,
-                                      suppress_token_ids=model.generation_config.suppress_tokens)
-
-    def parameter_counts(self) -> dict[str, int]:
-        return parameter_counts(self.train_engine.module).as_dict()
+        self.engine = hf_engine(self.cfg, self.train_engine.module, self.pad_id)
 
     @busy
     @phase("shared")

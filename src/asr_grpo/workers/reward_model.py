@@ -11,7 +11,7 @@ import torch
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import load_processor
 from asr_grpo.models.kv_batch import causal_lm_forward
-from asr_grpo.models.streaming import StreamingScorer, token_logprobs
+from asr_grpo.models.streaming import token_logprobs
 from asr_grpo.models.text_lm import (
     fluency_from_logprobs,
     language_context_ids,
@@ -32,9 +32,7 @@ class RewardModelRole(ModelRole, StreamScoringRole):
         self.pad_id = self.tokenizer.pad_token_id
         self.start_id = start_token_id(self.tokenizer)
         self.reference_nll = float(getattr(self.model.config, "fluency_reference_nll", 0.0))
-        self.yield_cpu_to_actor(self.cfg.overlap.scorer_nice)
-        self.scorer = StreamingScorer(lambda: causal_lm_forward(self.model), self.pad_id, token_logprobs(),
-                                      max_batch_size=self.cfg.trainer.rollout_batch_size, use_audio=False)
+        self.start_streaming(lambda: causal_lm_forward(self.model), token_logprobs(), use_audio=False)
 
     def _context(self, language: str | None) -> list[int]:
         if language is None:

@@ -1,7 +1,7 @@
 """A separate rollout worker (placement=separate): its own copy of the policy, decoding
 with the HF engine; fresh weights arrive from trainer rank 0 over the sync group.
 `rollout_ranks` / `rollout_role_spec` / `sync_backend` pick the workers for the
-configured engine (rollout=hf|vllm; vLLM engines: roles/vllm_rollout.py)."""
+configured engine (rollout=hf|vllm; vLLM engines: workers/vllm_rollout.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,22 +12,15 @@ from asr_grpo.distributed.deepspeed_strategy import backend_for_device
 from asr_grpo.distributed.placement import PlacementPlan
 from asr_grpo.distributed.weight_sync import WeightSyncGroup
 from asr_grpo.experience.types import SequenceRef
-from asr_grpo.models import load_model
-from asr_grpo.rollout import HFChunkedEngine
-from asr_grpo.workers.base import ModelRole, role_device
-from asr_grpo.workers.rollout_host import RolloutHost, sampling_params
+from asr_grpo.workers.base import ModelRole
+from asr_grpo.workers.rollout_host import RolloutHost, hf_engine
 
 
 class RolloutRole(ModelRole, RolloutHost):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        self.model, processor = load_model(self.cfg.model.path, self.cfg.model.dtype)
-        self.model.to(role_device()).eval().requires_grad_(False)
-        self.pad_id = processor.tokenizer.pad_token_id
-        self.engine = HFChunkedEngine(self.model, self.model.generation_config.eos_token_id, self.pad_id,
-                                      sampling_params(self.cfg.algorithm, self.cfg.seed),
-                                      max_batch_size=self.cfg.trainer.rollout_batch_size,
-                                      suppress_token_ids=self.model.generation_config.suppress_tokens)
+        self.model, self.pad_id = self.load_frozen_model()
+        self.engine = hf_engine(self.cfg, self.model, self.pad_id)
         self.sync: WeightSyncGroup | None = None
 
     def join_weight_sync(self, master_addr: str, master_port: int, rank: int, world_size: int,

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from asr_grpo.config.schema import AlgorithmConfig
 from asr_grpo.distributed.faults import RestartAware
-from asr_grpo.rollout import ChunkedEngine, RolloutRequest, SamplingParams, SequenceResult, SequenceState
+from asr_grpo.rollout import (
+    ChunkedEngine,
+    HFChunkedEngine,
+    RolloutRequest,
+    SamplingParams,
+    SequenceResult,
+    SequenceState,
+)
 from asr_grpo.tracking import busy
 from asr_grpo.workers.base import phase
 
@@ -12,6 +19,13 @@ from asr_grpo.workers.base import phase
 def sampling_params(algo: AlgorithmConfig, seed: int) -> SamplingParams:
     return SamplingParams(temperature=algo.temperature, top_p=algo.top_p,
                           max_new_tokens=algo.max_new_tokens, seed=seed)
+
+
+def hf_engine(cfg, model, pad_id: int) -> HFChunkedEngine:
+    """The HF chunked engine a role decodes with (policy ranks, HF rollout workers)."""
+    gen = model.generation_config
+    return HFChunkedEngine(model, gen.eos_token_id, pad_id, sampling_params(cfg.algorithm, cfg.seed),
+                           max_batch_size=cfg.trainer.rollout_batch_size, suppress_token_ids=gen.suppress_tokens)
 
 
 class RolloutHost(RestartAware):

@@ -22,12 +22,16 @@ from asr_grpo.workers.base import phase
 
 class StreamScoringRole(RestartAware):
     scorer: StreamingScorer
+    pad_id: int
 
-    def yield_cpu_to_actor(self, niceness: int) -> None:
-        """Scoring is background work beside the actor's decode, the critical path: on
-        shared cores, let the OS run the actor first."""
-        if niceness > 0:
-            os.nice(niceness)
+    def start_streaming(self, forward, score, **scorer_kwargs) -> None:
+        """Build the scorer the `stream` calls feed, and lower this process's priority:
+        scoring is background work beside the actor's decode, the critical path, so on
+        shared cores the OS runs the actor first (`overlap.scorer_nice`)."""
+        if self.cfg.overlap.scorer_nice > 0:
+            os.nice(self.cfg.overlap.scorer_nice)
+        self.scorer = StreamingScorer(forward, self.pad_id, score, max_batch_size=self.cfg.trainer.rollout_batch_size,
+                                      **scorer_kwargs)
 
     def stream_prompt(self, ref: SequenceRef) -> tuple[list[int], object]:
         """What this scorer prefills before the response: (prompt ids, audio features)."""
