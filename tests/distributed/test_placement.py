@@ -162,7 +162,7 @@ def test_colocated_ranks_share_bundles_as_read_back_from_ray(local_ray, groups):
     assert {e["MASTER_ADDR"] for e in env} == {"127.0.0.1"}
     assert {e["MASTER_PORT"] for e in env} == {str(actor.master_port)}
     assert roles["ref"].master_port != actor.master_port      # one rendezvous per role
-    assert actor.get("echo", 1, suffix="!") == ["actor:1!", "actor:1!"]
+    assert ray.get(actor.call("echo", 1, suffix="!")) == ["actor:1!", "actor:1!"]
     assert ray.get(actor.call_split("echo", ["a", "b"])) == ["actor:a", "actor:b"]
     assert ray.get(actor.call_rank(1, "echo", "z")) == "actor:z"
     assert ray.get(actor.call_rank(0, "placement_info"))["bundle_index"] == 0   # RoleBase

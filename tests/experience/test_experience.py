@@ -78,7 +78,7 @@ def test_actor_loss_is_minus_advantage_on_policy(tiny_model, tiny_processor, tin
                             advantages=adv[i], old_logprobs=logp[i, :len(r)], behaviour_logprobs=logp[i, :len(r)],
                             ref_logprobs=logp[i, :len(r)])
              for i, r in enumerate(responses)]
-    algo = AlgorithmConfig(kl_coef=0.1, loss_agg="token_mean")
+    algo = AlgorithmConfig(kl_coef=0.1, loss_agg="token_mean", temperature=1.0)   # logp above: unscaled logits
     loss, metrics = actor_loss(tiny_model, items, algo, tiny_tokenizer.pad_token_id)
     assert float(loss) == pytest.approx(-(0.5 * 3 - 1.0 * 2) / 5, abs=1e-5)
     assert float(metrics["kl/loss"]) == pytest.approx(0.0, abs=1e-6)

@@ -32,10 +32,10 @@ from asr_grpo.rewards import (
     BUILTIN_REWARD_FILE,
     DEFAULT_WEIGHTS,
     RewardFunctionError,
-    RewardWorker,
     call_reward_function,
     load_reward_function,
 )
+from asr_grpo.workers.reward import RewardWorker
 
 SETTINGS = TextLMSettings(hidden=64, intermediate=128, steps=60, batch_size=16, lr=5e-3, seed=0)
 

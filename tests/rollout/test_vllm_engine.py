@@ -250,7 +250,7 @@ def test_weight_update_resets_the_caches_and_bumps_the_version(tiny_model, tiny_
 
 def test_missing_vllm_is_reported_clearly(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(factory.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name))
     reason = engine_unavailable_reason("vllm")
     assert "not installed" in reason and '".[vllm]"' in reason and "rollout=hf" in reason
     assert engine_unavailable_reason("hf") is None
@@ -260,7 +260,7 @@ def test_missing_vllm_is_reported_clearly(monkeypatch):
 
 
 def test_broken_vllm_import_is_reported_clearly(monkeypatch):
-    monkeypatch.setattr(factory.importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     monkeypatch.setitem(sys.modules, "vllm", None)   # `import vllm` raises ImportError
     with pytest.raises(EngineUnavailable, match="`import vllm` failed"):
         factory.import_vllm()

@@ -173,10 +173,10 @@ class PlacementConfig:
     gpus_per_node: int = 2            # logical GPUs on CPU machines (Ray custom count)
     use_logical_gpus: bool = True     # declare logical GPU resources on CPU-only hosts
     actor_gpus: float = 0.75          # fraction per actor rank when colocated
-    ref_gpus: float = 0.25
-    critic_gpus: float = 0.75
-    reward_model_gpus: float = 0.25   # the text LM of reward.smoothness_scorer=lm
-    reward_gpus: float = 0.25
+    ref_gpus: float = 0.1
+    critic_gpus: float = 0.1
+    reward_model_gpus: float = 0.05   # the text LM of reward.smoothness_scorer=lm
+    reward_gpus: float = 0.0
     rollout_gpus: float = 0.25
     actor_num_ranks: int = 1
     rollout_num_workers: int = 1
@@ -187,7 +187,7 @@ class PlacementConfig:
 @dataclass
 class AlgorithmConfig:
     name: AlgorithmName = AlgorithmName.grpo
-    advantage_estimator: AdvantageEstimator = AdvantageEstimator.group_norm
+    advantage_estimator: AdvantageEstimator = AdvantageEstimator.rloo
     n_samples_per_prompt: int = 8
     gamma: float = 1.0
     lam: float = 0.95
@@ -201,7 +201,7 @@ class AlgorithmConfig:
     loss_agg: LossAgg = LossAgg.token_mean
     entropy_coef: float = 0.0
     use_critic: bool = False
-    temperature: float = 1.0
+    temperature: float = 0.8
     top_p: float = 1.0
     max_new_tokens: int = 96
     # False: a sequence sampled wholly by the current weights keeps the rollout's own
@@ -318,7 +318,7 @@ class LoggerConfig:
     tracking_uri: str = "sqlite:///${paths.output_root}/mlflow.db"
     experiment_name: str = "asr-grpo"
     run_name: str = ""
-    log_system_metrics: bool = False
+    log_system_metrics: bool = True
     system_metrics_interval_s: float = 10.0   # MLflow system metrics (CPU, memory, GPU) sampling period
 
 

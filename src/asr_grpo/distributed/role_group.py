@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from .net import free_port
 from .placement import PlacementPlan, Slot
@@ -150,11 +150,6 @@ class RoleGroup:
                              f"{len(self._handles)} ranks")
         return [getattr(h, method).remote(a, **kwargs)
                 for h, a in zip(self._handles, per_rank_args)]
-
-    def get(self, method: str, *args, **kwargs) -> list[Any]:
-        """`call` and wait (up to `timeout_s`, if set) for every rank's result."""
-        import ray
-        return ray.get(self.call(method, *args, **kwargs), timeout=self.timeout_s)
 
     def wait_ready(self, timeout_s: Optional[float] = None) -> None:
         """Block until every rank's `__init__` finished; raises its error if one failed."""
