@@ -151,7 +151,7 @@ def select_costs(dec: Decoder, repeats: int) -> dict[str, dict[str, float]]:
 def finishing_patterns(rows: int, max_new: int, source: Path | None, count: int = 40) -> list[np.ndarray]:
     """Response lengths of `count` batches of `rows` sequences (a row finishes in the
     round of its last token): consecutive rollouts of bare_loop.json, else a log-normal
-    fit of them (per-group median ~13.5, p90 ~23, as in the README's runs)."""
+    fit of them (per-group median ~13.5, p90 ~23, as in the benchmark runs under bench/results/)."""
     if source is not None:
         steps = [np.asarray(x) for x in json.loads(source.read_text())["response_lengths"]]
         flat = np.concatenate(steps)

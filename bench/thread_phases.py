@@ -1,5 +1,5 @@
 """torch threads per phase: the serial step (overlap=none) with every rank pinned to one
-thread (`trainer.num_threads=1`, the old default) against `auto` (roles/base.py: a rank
+thread (`trainer.num_threads=1`, the old default) against `auto` (workers/base.py: a rank
 computing alone takes the node's cores, ranks computing side by side split them), with
 OpenMP's default spin-wait and with OMP_WAIT_POLICY=PASSIVE in the actors.
 
