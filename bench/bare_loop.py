@@ -205,7 +205,7 @@ class BareStep:
 
         cfg = self.cfg
         return run_updates(self.trainer, items, cfg.trainer,
-                           lambda model, mb: actor_loss(model, mb, cfg.algorithm, self.pad_id, cfg.overlap))
+                           lambda model, mb: actor_loss(model, mb, cfg.algorithm, self.pad_id))
 
     def step(self, step: int) -> dict:
         t0 = time.monotonic()

@@ -308,7 +308,8 @@ def discuss(res: dict) -> None:
         over = sum(e < 0 for e in errs[fits[0]])
         res["h200_discussion"] = (
             "**H200, oppo from none:** the four serial summaries give one equation each and cannot tell a round's "
-            f"fixed cost from a per-row or per-prompt cost. The rounds-and-rows fit ({fits[0]}) puts the decode on rounds and "
+            f"fixed cost from a per-row or per-prompt cost. The rounds-and-rows fit ({fits[0]}) puts the decode on "
+            "rounds and "
             f"over-predicts what cutting the tail saves in {over} runs of {len(errs[fits[0]])} (oppo-step errors "
             + ", ".join(f"{e:+.0%}" for e in errs[fits[0]])
             + f"; mean |error| {h['mean_abs_oppo_error'][fits[0]]:.0%}); "

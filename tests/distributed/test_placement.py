@@ -9,7 +9,8 @@ import ray
 from asr_grpo.config.schema import PlacementConfig
 from asr_grpo.distributed.placement import PlacementError, create_placement_group, plan_placement, role_counts
 
-COLOCATE = PlacementConfig(colocate=True, gpus_per_node=4)
+# The actor with a quarter-GPU reference beside it (conf/placement/colocate.yaml gives it 0.1).
+COLOCATE = PlacementConfig(colocate=True, gpus_per_node=4, ref_gpus=0.25)
 SEPARATE = PlacementConfig(name="separate", colocate=False, gpus_per_node=4, actor_gpus=1.0,
                            ref_gpus=1.0, critic_gpus=1.0, reward_gpus=0.0, rollout_gpus=1.0)
 

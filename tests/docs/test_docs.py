@@ -199,7 +199,8 @@ def test_every_config_group_is_documented_with_its_options():
     assert set(doc) == set(on_disk), (f"groups only in the doc: {sorted(set(doc) - set(on_disk))}; "
                                       f"only under conf/: {sorted(set(on_disk) - set(doc))}")
     for group, (options, _) in doc.items():
-        assert sorted(options) == on_disk[group], f"group {group}: doc lists {sorted(options)}, conf/ has {on_disk[group]}"
+        assert sorted(options) == on_disk[group], \
+            f"group {group}: doc lists {sorted(options)}, conf/ has {on_disk[group]}"
 
 
 def test_group_schema_nodes_exist_and_entry_configs_are_named():

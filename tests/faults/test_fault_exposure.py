@@ -1,7 +1,7 @@
 """Exposure: checkpoints are read without unpickling code. A checkpoint file carrying a
 pickled payload (here: create a file) fails to load instead of running it, through the
 DeepSpeed loader resume uses and through the HF folder loader. (Ports: every socket a
-live run opens is on the loopback, in test_fault_workers; the README says a reward
+live run opens is on the loopback, in test_fault_workers; docs/rewards.md says a reward
 file is code that runs with the user's rights.)"""
 from __future__ import annotations
 

@@ -116,8 +116,8 @@ def probe_threads(cfg) -> dict:
               for role in ("actor", "ref")]
     try:
         actor = groups[0]
-        seen = {name: actor.get(name)[0] for name in ("solo", "shared", "train")}
-        seen["idle"] = actor.get("seen")[0]
+        seen = {name: ray.get(actor.call(name))[0] for name in ("solo", "shared", "train")}
+        seen["idle"] = ray.get(actor.call("seen"))[0]
         return seen
     finally:
         for g in groups:

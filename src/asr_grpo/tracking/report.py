@@ -106,10 +106,10 @@ def _run_metrics(s: dict, base: Optional[dict], window: int, target_frac: float,
 
 def aggregate(values: list[float]) -> dict:
     """mean and sd over the seeds that reached a finite value; n, and how many did."""
-    finite = [v for v in values if finite(v)]
-    return {"mean": statistics.fmean(finite) if finite else float("nan"),
-            "sd": statistics.stdev(finite) if len(finite) > 1 else float("nan"),
-            "n": len(values), "n_finite": len(finite), "never": sum(1 for v in values if v == float("inf"))}
+    reached = [v for v in values if finite(v)]
+    return {"mean": statistics.fmean(reached) if reached else float("nan"),
+            "sd": statistics.stdev(reached) if len(reached) > 1 else float("nan"),
+            "n": len(values), "n_finite": len(reached), "never": sum(1 for v in values if v == float("inf"))}
 
 
 def _sort_key(params: dict[str, str], keys: list[str]) -> tuple:
