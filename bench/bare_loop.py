@@ -118,7 +118,8 @@ class BareStep:
         from asr_grpo.experience.maker import ExperienceMaker
         from asr_grpo.experience.prompts import PromptSampler
         from asr_grpo.models import load_model, set_audio_encoder_frozen
-        from asr_grpo.recipes.rl import RLRecipe, ensure_sft_checkpoint, optimizer_steps_per_rl_step
+        from asr_grpo.recipes.rl import RLRecipe, optimizer_steps_per_rl_step
+        from asr_grpo.recipes.start_checkpoint import prepare_start_checkpoint
         from asr_grpo.rollout import HFChunkedEngine
         from asr_grpo.workers.base import seed_rngs
         from asr_grpo.workers.reward import RewardWorker
@@ -126,7 +127,7 @@ class BareStep:
 
         validate_config(cfg)
         check_supported(cfg)
-        ensure_sft_checkpoint(cfg)
+        cfg.model.path = prepare_start_checkpoint(cfg)
         self.cfg = cfg
         seed_rngs(cfg.seed)   # what the policy rank (rank 0) seeds
         model, processor = load_model(cfg.model.path, cfg.model.dtype)

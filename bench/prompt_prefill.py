@@ -52,15 +52,14 @@ def main() -> None:
     from asr_grpo.models.kv_batch import KVBatch, causal_lm_forward
     from asr_grpo.models.sequences import encode_prompt, pack_sequences, response_logprobs
     from asr_grpo.models.streaming import score_once, token_logprobs
-    from asr_grpo.recipes.rl import ensure_sft_checkpoint
+    from asr_grpo.recipes.start_checkpoint import prepare_start_checkpoint
     from asr_grpo.rollout.hf_engine import HFChunkedEngine
     from asr_grpo.rollout.types import RolloutRequest
     from asr_grpo.workers.rollout_host import sampling_params
 
     torch.set_num_threads(args.threads)
     cfg = compose_run([])
-    ensure_sft_checkpoint(cfg)
-    model, processor = load_model(cfg.model.path)
+    model, processor = load_model(prepare_start_checkpoint(cfg))
     model.eval()
     tok = processor.tokenizer
     data = AsrDataset(resolve_manifests(cfg.data, cfg.paths.output_root).rl_prompts, cfg.data)

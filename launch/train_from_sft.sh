@@ -10,8 +10,10 @@ HERE=$(dirname "$0")
 REPO=$(cd "$HERE/.." && pwd)
 export OUTPUT_ROOT=${OUTPUT_ROOT:-$REPO/outputs}
 SFT_CKPT=${SFT_CKPT:-$OUTPUT_ROOT/checkpoints/sft-tiny}
-if [[ ! -f "$SFT_CKPT/config.json" ]]; then
-  echo "no SFT checkpoint at $SFT_CKPT: building it (corpus + SFT)" >&2
+# The same check the run makes (asr_grpo.models.checkpoint_problem), before a job is queued.
+problem=$("$PYTHON" -c 'import sys; from asr_grpo.models import checkpoint_problem as p; print(p(sys.argv[1]) or "")' "$SFT_CKPT")
+if [[ -n "$problem" ]]; then
+  echo "no usable checkpoint at $SFT_CKPT ($problem): building it (corpus + SFT)" >&2
   "$PYTHON" -m asr_grpo.sft "paths.output_root=$OUTPUT_ROOT" "sft.output_dir=$SFT_CKPT"
 fi
 # On a CPU-only machine, declare logical GPUs so the placement groups schedule as on GPUs.

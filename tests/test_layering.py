@@ -17,7 +17,7 @@ LAYERS = [
     {"tracking", "rewards"},
     {"rollout"},
     {"distributed"},
-    {"experience", "evaluation"},
+    {"experience", "evaluation", "serving"},
     {"overlap"},
     {"workers"},
     {"forecast"},

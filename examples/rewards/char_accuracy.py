@@ -10,7 +10,7 @@ reward worker and calls `reward_func` once per batch of N sampled transcripts:
     queries[i]   the decoded response (the audio prompt has no text of its own)
     prompts[i]   "" (the same reason)
     labels[i]    the reference transcript from the manifest
-    kwargs       responses, languages ("en" | "zh"), keywords, finish_reasons
+    kwargs       responses, languages ("en", "zh", "de", ...), keywords, finish_reasons
                  ("stop" | "length"), weights (reward.weights) and, with
                  reward.smoothness_scorer=lm, lm_scores; take what you need, accept the rest.
 

@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from asr_grpo.config import register_configs
 from asr_grpo.config.store import CONF_DIR
+from asr_grpo.serving import save_transcriber
 from asr_grpo.tracking.compare_runs import compare
 from asr_grpo.tracking.selection import SelectionError
 
@@ -18,7 +19,7 @@ register_configs()
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="compare")
 def main(cfg: DictConfig) -> dict:
     try:
-        result = compare(cfg)
+        result = compare(cfg, package_model=save_transcriber)
     except SelectionError as e:   # a bad selection is the user's to fix: say what, no traceback
         raise SystemExit(f"asr_grpo.compare: {e}") from None
     print(result["table"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -29,6 +30,25 @@ def run_name_from_overrides() -> str:
     return overrides or "default"
 
 
+def resume_hint(output_root: str) -> str:
+    """Where a resumable run could be: the newest run folders holding a checkpoint."""
+    found = sorted(Path(output_root).glob("runs/*/*/checkpoints/step_*"), key=lambda p: p.stat().st_mtime)
+    folders = list(dict.fromkeys(str(p.parent) for p in reversed(found)))[:3]
+    return ("trainer.resume=true continues one run: name its checkpoint folder with trainer.output_dir=..."
+            + (f" (newest: {', '.join(folders)})" if folders else f" (no run under {output_root}/runs has one)"))
+
+
+def own_checkpoint_folder(cfg: DictConfig) -> None:
+    """A run checkpoints into its own Hydra run folder, so runs never overwrite each
+    other, unless the command line names trainer.output_dir (which resuming needs)."""
+    hc = HydraConfig.get()
+    if "trainer.output_dir" in {o.split("=", 1)[0].lstrip("+~") for o in hc.overrides.task}:
+        return
+    if cfg.trainer.resume:
+        raise ConfigError(resume_hint(cfg.paths.output_root))
+    cfg.trainer.output_dir = str(Path(hc.runtime.output_dir) / "checkpoints")
+
+
 def train(cfg: DictConfig, tags: dict | None = None) -> dict:
     validate_config(cfg)   # before anything starts: a bad combination names its keys
     from asr_grpo.recipes.rl import run_rl  # heavy imports after validation
@@ -47,6 +67,7 @@ def main(cfg: DictConfig) -> dict:
     job = current_sweep_job()   # `-m`: one job of a sweep (see asr_grpo.sweep)
     if job is None:
         try:
+            own_checkpoint_folder(cfg)
             return train(cfg)
         except ConfigError as e:   # the user's to fix: say what, no traceback
             raise SystemExit(f"asr_grpo.run: {e}") from None

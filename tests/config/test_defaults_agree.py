@@ -47,6 +47,8 @@ def disagreements(defaults: dict, stated: dict, prefix: str) -> list[str]:
         if key not in defaults:
             out.append(f"{prefix}{key}: not in the schema")
             continue
+        if isinstance(value, str) and "${" in value:
+            continue   # an interpolation wires groups together (model.path -> sft.output_dir): no default to state
         default = plain(defaults[key])
         if isinstance(default, dict) and isinstance(value, dict) and set(value) <= set(default):
             out += disagreements(default, value, f"{prefix}{key}.")

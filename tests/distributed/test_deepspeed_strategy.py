@@ -8,6 +8,7 @@ multiprocessing's spawn.
 """
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from asr_grpo.config.schema import TrainerConfig
-from asr_grpo.distributed.deepspeed_strategy import deepspeed_config
+from asr_grpo.distributed.deepspeed_strategy import deepspeed_config, trained_precision
 from asr_grpo.distributed.net import free_port
 
 WORLD = 2
@@ -55,6 +56,19 @@ def test_config_batch_sizes_and_flags():
     assert cfg["zero_optimization"] == {"stage": 2}
     assert not cfg["bf16"]["enabled"] and not cfg["fp16"]["enabled"]
     assert cfg["zero_allow_untested_optimizer"] is True
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_bf16_config_keeps_fp32_master_weights_and_accumulates_in_fp32(stage):
+    """model.dtype=bfloat16: loaded in fp32, DeepSpeed's bf16 mode on (bf16 compute, fp32
+    master weights at every stage); fp32 gradient accumulation where DeepSpeed has it
+    (ZeRO 1-3: stage 0 with fp32 accumulation is NotImplementedError in DeepSpeed)."""
+    assert trained_precision("bfloat16") == ("float32", True)
+    assert trained_precision("float32") == ("float32", False)
+    cfg = deepspeed_config(TrainerConfig(zero_stage=stage), 1, bf16=True)
+    assert cfg["bf16"] == {"enabled": True} and not cfg["fp16"]["enabled"]
+    assert cfg.get("data_types") == ({"grad_accum_dtype": "fp32"} if stage else None)
+    assert "data_types" not in deepspeed_config(TrainerConfig(zero_stage=stage), 1)
 
 
 @pytest.mark.parametrize("key,value", [("zero_stage", 4), ("micro_batch_size", 0),
@@ -100,6 +114,39 @@ def test_two_rank_training(stage, runs):
     assert r0["lrs_C"] == r0["lrs_A"][K:], "scheduler state not resumed"
     if stage > 0:
         assert all(n is not None and n > 0 for n in r0["norms_A"])
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("ds_bf16")
+    launch_ranks(__file__, out, "bf16", world=1)
+    return torch.load(out / "bf16.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_bf16_mode_keeps_updates_too_small_for_bf16(stage, bf16_run):
+    """Weights at 1.0 and Adam steps of 1e-3 down: each step is under half a bf16 ulp
+    below 1.0 (2^-9), so pure bf16 weights (the old `model.dtype=bfloat16`) never move,
+    while DeepSpeed's bf16 mode sums the steps in its fp32 master weights and the bf16
+    weights follow."""
+    run = bf16_run[f"stage{stage}"]
+    assert run["dtype"] == torch.bfloat16 and run["master_dtype"] == torch.float32
+    assert torch.equal(bf16_run["pure_bf16"], torch.ones_like(bf16_run["pure_bf16"]))
+    # 16 steps of ~1e-3 from 1.0: ~0.984, within a bf16 ulp (2^-8).
+    assert ((run["weight"] - (1.0 - 16e-3)).abs() <= 2**-8).all()
+
+
+@pytest.mark.slow
+def test_bf16_policy_trains_with_gradient_checkpointing(bf16_run):
+    """The tiny Qwen3-ASR policy, loaded in fp32, through TrainingEngine with bf16 and
+    trainer.gradient_checkpointing: its fp32 features reach the bf16 encoder, the loss is
+    finite, the trainable weights move, the frozen encoder does not, the buffers stay fp32,
+    and the layers are checkpointed."""
+    r = bf16_run["policy"]
+    assert r["param_dtypes"] == {torch.bfloat16} and r["buffer_dtypes"] == {torch.float32}
+    assert r["checkpointed"] and all(map(math.isfinite, r["losses"]))
+    assert r["trained_moved"] and not r["frozen_moved"]
 
 
 # ------------------------------------------------------------------ rank worker --
@@ -176,6 +223,95 @@ def run_stage(rank: int, ckpt: Path, stage: int) -> dict:
     return res
 
 
+class Ones(torch.nn.Module):
+    """One bf16-sized step below 1.0 is 2^-8: weights at 1.0 show whether small updates survive."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 4, bias=False)
+        torch.nn.init.ones_(self.lin.weight)
+
+    def forward(self, x, y):
+        return torch.nn.functional.mse_loss(self.lin(x.to(self.lin.weight.dtype)).float(), y)
+
+
+def bf16_worker(port: int, out: Path) -> None:
+    from asr_grpo.distributed.deepspeed_strategy import TrainingEngine, init_distributed, shutdown_distributed
+
+    init_distributed(0, 1, "127.0.0.1", port)
+    cfg = dict(lr=1e-3, lr_warmup_steps=0, lr_scheduler="constant", grad_clip=0.0, num_threads=1, steps=16,
+               micro_batch_size=2, grad_accum_steps=2)
+    g = torch.Generator().manual_seed(0)
+    # Positive inputs, targets far below: every weight's gradient is positive, every step down.
+    data = [(torch.rand(2, 16, generator=g), torch.randn(2, 4, generator=g) - 20.0) for _ in range(32)]
+    res = {}
+    for stage in (0, 1, 2):
+        engine = TrainingEngine(Ones(), TrainerConfig(zero_stage=stage, **cfg), bf16=True)
+        for x, y in data:
+            engine.backward(engine(x, y))
+            engine.step()
+        opt = engine.engine.optimizer
+        masters = [getattr(opt, a) for a in ("fp32_groups", "fp32_groups_flat_partition",
+                                             "single_partition_of_fp32_groups") if hasattr(opt, a)]
+        flat = masters[0][0]
+        res[f"stage{stage}"] = {"dtype": engine.module.lin.weight.dtype,
+                                "master_dtype": (flat[0] if isinstance(flat, list) else flat).dtype,
+                                "weight": engine.module.lin.weight.detach().float().clone()}
+    pure = Ones().bfloat16()   # the old path: a bf16 model, DeepSpeed's bf16 mode off
+    engine = TrainingEngine(pure, TrainerConfig(zero_stage=0, **cfg))
+    for x, y in data:
+        engine.backward(engine(x, y))
+        engine.step()
+    res["pure_bf16"] = engine.module.lin.weight.detach().float().clone()
+    res["policy"] = bf16_policy(cfg)
+    torch.save(res, out / "bf16.pt")
+    shutdown_distributed()
+
+
+def bf16_policy(cfg: dict) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: helpers
+    from helpers import TINY_MODEL, TINY_TEXTS, noise_audio
+
+    from asr_grpo.config.schema import AlgorithmConfig
+    from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
+    from asr_grpo.experience.losses import actor_loss
+    from asr_grpo.experience.types import ExperienceItem
+    from asr_grpo.models import build_model, build_processor, set_audio_encoder_frozen, train_tokenizer
+    from asr_grpo.models.sequences import encode_prompt
+
+    tok = train_tokenizer(TINY_TEXTS, vocab_size=400)
+    model = build_model(TINY_MODEL, tok, seed=0)   # fp32, as trained_precision("bfloat16") loads it
+    set_audio_encoder_frozen(model, True)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    engine = TrainingEngine(model, TrainerConfig(zero_stage=1, gradient_checkpointing=True,
+                                                 **{**cfg, "grad_accum_steps": 1}), bf16=True)
+    prompt, feats = encode_prompt(build_processor(tok), noise_audio(1.0, 0), "en")
+    response = tok("call alice")["input_ids"] + [tok.eos_token_id]
+    n = len(response)
+    items = [ExperienceItem(uid=f"u#{k}", group="u", prompt_ids=prompt, response_ids=response, features=feats,
+                            advantages=torch.full((n,), 1.0 - 2 * k), old_logprobs=torch.full((n,), -3.0),
+                            behaviour_logprobs=torch.full((n,), -3.0)) for k in range(2)]
+    losses = []
+    engine.train()
+    for _ in range(3):
+        loss, _ = actor_loss(engine, items, AlgorithmConfig(kl_coef=0.0), tok.pad_token_id)
+        losses.append(loss.item())
+        engine.backward(loss)
+        engine.step()
+    module = engine.module
+    # Against the weights as DeepSpeed's bf16 mode received them (rounded to bf16).
+    moved = {n: not torch.equal(p.detach(), before[n].to(p.device, p.dtype)) for n, p in module.named_parameters()}
+    return {"param_dtypes": {p.dtype for p in module.parameters()},
+            "buffer_dtypes": {b.dtype for b in module.buffers() if b.is_floating_point()},
+            "checkpointed": module.model.language_model.layers[0].gradient_checkpointing,
+            "losses": losses,
+            "trained_moved": any(v for n, v in moved.items() if "audio_tower" not in n),
+            "frozen_moved": any(v for n, v in moved.items() if "audio_tower" in n)}
+
+
 if __name__ == "__main__":
     r, w, p, o, s = sys.argv[1:6]
-    worker(int(r), int(w), int(p), Path(o), [int(x) for x in s.split(",")])
+    if s == "bf16":
+        bf16_worker(int(p), Path(o))
+    else:
+        worker(int(r), int(w), int(p), Path(o), [int(x) for x in s.split(",")])

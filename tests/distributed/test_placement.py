@@ -81,6 +81,39 @@ def test_role_counts_follow_the_config():
     assert role_counts(cfg, use_critic=False, use_reward_model=True)["reward_model"] == 2
 
 
+def test_role_cpus_go_to_the_ranks_and_the_bundles_that_carry_them():
+    plan = plan_placement(replace(COLOCATE, role_cpus={"actor": 2, "ref": 0.5}), {"actor": 2, "ref": 2, "reward": 1})
+    assert plan.bundles == ({"GPU": 1.0, "CPU": 2.5},) * 2
+    assert [s.num_cpus for s in plan.ranks("actor")] == [2.0, 2.0] and plan.ranks("ref")[0].num_cpus == 0.5
+    # a role left out keeps its default; a CPU-only rank takes its CPUs outside the group
+    assert [(s.bundle_index, s.num_cpus) for s in plan.ranks("reward")] == [(None, 1.0)]
+    assert "bundle 0 (2.5 CPU)" in plan.describe() and "reward[0] (1 CPU)" in plan.describe()
+    sep = plan_placement(replace(SEPARATE, role_cpus={"rollout": 1}), {"actor": 1, "ref": 1, "rollout": 1})
+    assert sep.bundles == ({"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0, "CPU": 1.0})
+    with pytest.raises(ValueError, match=r"placement\.role_cpus names unknown role\(s\) \['policy'\]"):
+        plan_placement(replace(COLOCATE, role_cpus={"policy": 1}), {"actor": 1})
+    with pytest.raises(ValueError, match=r"placement\.role_cpus must be finite CPU counts >= 0, got \{'ref': -1\.0\}"):
+        plan_placement(replace(COLOCATE, role_cpus={"ref": -1}), {"actor": 1, "ref": 1})
+
+
+@pytest.mark.parametrize("overrides", [[], ["algorithm=ppo"], ["reward=asr_lm"], ["placement=separate"],
+                                       ["placement=separate", "algorithm=ppo"]], ids=" ".join)
+def test_the_shipped_runs_fit_a_two_core_ray(overrides, tmp_path):
+    """What rl.py plans for the shipped configs reserves at most 2 CPUs: `ray.init(num_cpus=2)`."""
+    from helpers import compose_cfg
+
+    from asr_grpo.workers.rollout import rollout_ranks
+
+    cfg = compose_cfg(tmp_path, *overrides)
+    counts = role_counts(cfg.placement, use_critic=cfg.algorithm.use_critic, use_ref=cfg.algorithm.kl_coef > 0,
+                         use_reward_model=cfg.reward.smoothness_scorer == "lm")
+    counts["rollout"] = rollout_ranks(cfg)
+    plan = plan_placement(cfg.placement, counts)
+    cpus = sum(b.get("CPU", 0.0) for b in plan.bundles) + sum(
+        s.num_cpus for ss in plan.slots.values() for s in ss if s.bundle_index is None)
+    assert 0 < cpus <= 2, plan.describe()
+
+
 # -- on a local Ray with 4 logical GPUs -------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -179,6 +212,7 @@ def test_separate_roles_hold_disjoint_bundles_as_read_back_from_ray(local_ray, g
     assert used == {"actor": [0, 1], "ref": [2], "reward": [None], "rollout": [3]}
     reward = roles["reward"].placement_report()[0]
     assert reward["placement_group_id"] is None and reward["as_planned"]
+    assert reward["assigned_resources"] == {"CPU": 1.0}   # placement.role_cpus' default for a reward worker
     assert ray.get(roles["reward"].call("env"))[0]["WORLD_SIZE"] == "1"
 
 

@@ -53,7 +53,8 @@ def test_trainer_death_ends_the_run_and_resume_continues_from_the_checkpoint(roo
     finish(killer)
     message = str(err.value)
     assert "the trainer died: role 'actor' rank 0 during step 2" in message
-    assert f"rerun with trainer.resume=true to continue from {out / 'step_000001'} (step 1)" in message
+    assert (f"rerun with trainer.resume=true trainer.output_dir={out} to continue from {out / 'step_000001'} "
+            "(step 1)") in message
 
     summary = run_rl(compose_cfg(root, *common, "trainer.resume=true"))
     assert summary["steps"] == 2

@@ -1,7 +1,8 @@
 """`KVBatch` extended row by row with 0, 1 or k new tokens gives, per row, the outputs one
 forward pass over the whole sequence gives at the same columns; and the vectorised
 `prefill` / `extend` return exactly (bit for bit) what the per-row loops they replaced
-returned, since the forward sees the same inputs."""
+returned, since the forward sees the same inputs (the next-token output they keep may
+differ by float rounding: only its position goes through the LM head)."""
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,7 @@ class LoopKVBatch(KVBatch):
     """The per-row `prefill` / `extend` as they were before vectorising: the oracle."""
 
     @torch.no_grad()
-    def prefill(self, prefixes, score_last, features=None):
+    def prefill(self, prefixes, score_last, features=None, score=None):
         from asr_grpo.models.sequences import stack_features
 
         width = max(len(p) for p in prefixes)
@@ -34,7 +35,7 @@ class LoopKVBatch(KVBatch):
         return [out[i, width - 1 - k:width - 1] for i, k in enumerate(score_last)]
 
     @torch.no_grad()
-    def extend(self, new_tokens):
+    def extend(self, new_tokens, score=None, outputs=True):
         counts = [len(t) for t in new_tokens]
         steps = max(counts, default=0)
         if steps == 0:
@@ -111,7 +112,10 @@ def test_extend_and_prefill_equal_the_per_row_loops_bit_for_bit(tiny_model, tiny
         assert len(new_call) == len(old_call) == len(rows)
         for a, b in zip(new_call, old_call):
             assert a.shape == b.shape and torch.equal(a, b)
-    assert torch.equal(new.last, old.last) and torch.equal(new.mask, old.mask)
+    # `last` of the final round comes from a one-row LM head (only the kept position is
+    # projected), whose matmul may round differently from the loop's whole-batch one.
+    torch.testing.assert_close(new.last, old.last, rtol=0, atol=1e-5)
+    assert torch.equal(new.mask, old.mask)
     assert torch.equal(new.next_pos, old.next_pos)
 
 

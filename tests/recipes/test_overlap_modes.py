@@ -24,7 +24,7 @@ def assert_same_update(root, got: dict, expected: dict, tol: float = 1e-3) -> No
     """Weights reached by two runs that saw the same experience up to float rounding.
     Adam normalises each gradient, so rounding-level noise on near-zero gradients is not
     exactly zero in the update: compare the difference to the size of the update."""
-    sft = load_file(f"{root}/checkpoints/sft-tiny/model.safetensors")
+    sft = load_file(f"{root}/checkpoints/sft-debug-fast/model.safetensors")
     assert set(got) == set(expected) == set(sft)
     diff = sum(float((got[k] - expected[k]).pow(2).sum()) for k in sft) ** 0.5
     update = sum(float((expected[k] - sft[k]).pow(2).sum()) for k in sft) ** 0.5

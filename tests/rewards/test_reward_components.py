@@ -50,6 +50,35 @@ def test_language_consistency():
     assert language_consistency("123 !", "en") == 0.0
 
 
+def test_language_consistency_for_other_languages():
+    # German vs Russian: Latin against Cyrillic letters
+    assert language_consistency("Guten Morgen", "de") == 1.0
+    assert language_consistency("Доброе утро", "de") == 0.0
+    assert language_consistency("Доброе утро", "ru") == 1.0
+    assert language_consistency("Guten Morgen", "ru") == 0.0
+    assert language_consistency("Привет Anna", "ru") == pytest.approx(6 / 10)
+    # Japanese vs English: kanji, kana (ー included) against Latin letters
+    assert language_consistency("今日はいい天気です", "ja") == 1.0
+    assert language_consistency("コーヒー", "ja") == 1.0
+    assert language_consistency("今日はいい天気です", "en") == 0.0
+    assert language_consistency("nice weather", "ja") == 0.0
+    assert language_consistency("iPhoneを買った", "ja") == pytest.approx(4 / 10)
+    # Thai vowel signs are marks, not letters; the letters are all Thai
+    assert language_consistency("สวัสดีครับ", "th") == 1.0
+    # languages sharing a script differ only by the declared tag
+    assert language_consistency("Guten Morgen", "de", "German") == 1.0
+    assert language_consistency("Guten Morgen", "de", "English") == 0.5
+    assert language_consistency("good morning", "en", "German") == 0.5
+    with pytest.raises(ValueError, match="unknown language code 'xx'"):
+        language_consistency("hello", "xx")
+
+
+def test_keyword_recall_whole_words_in_spaced_languages_substrings_in_unspaced():
+    assert keyword_recall("Ich fahre nach Berlin.", ["Berlin", "Bern"], "de") == 0.5
+    assert keyword_recall("Grüsse aus München", ["GRÜSSE"], "de") == 1.0
+    assert keyword_recall("明日東京に行きます", ["東京", "大阪"], "ja") == 0.5
+
+
 def test_smoothness_clean_is_one():
     ref = "thank you for coming today"
     assert smoothness(ref, ref, "en", "stop") == 1.0

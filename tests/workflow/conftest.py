@@ -1,7 +1,9 @@
 """One real two-node Ray cluster on this machine (a head and a worker node, loopback only)
 brought up with the launch/ scripts, and one short sweep submitted to it as a Ray job
 with launch/submit.sh: overlap none|oppo x seed 0|1, placement=separate across both
-nodes. The launch, sweep and compare tests all read what that sweep logged."""
+nodes. The launch, sweep and compare tests all read what that sweep logged. Then, on the
+same cluster, a plain `ray job submit -- python -m asr_grpo.run debug=fast` (the driver
+attaches through RAY_ADDRESS)."""
 from __future__ import annotations
 
 import json
@@ -124,6 +126,7 @@ def cluster_sweep(root):
                              env={**env, "OUTPUT_ROOT": str(root), "JOB_ID": f"wf-{os.getpid()}"},
                              capture_output=True, text=True, timeout=1500)
         seconds = time.monotonic() - t0
+        attach = submit_plain_job(env, Path(root) / "attach") if job.returncode == 0 else None
     finally:
         for proc in reversed(nodes):
             _stop(proc)
@@ -132,4 +135,21 @@ def cluster_sweep(root):
     assert job.returncode == 0 and found, f"sweep job failed (rc {job.returncode}):\n{output[-8000:]}"
     shutil.rmtree(temp, ignore_errors=True)   # kept when something failed: its node logs
     return {"root": root, "tracking_uri": f"sqlite:///{root}/mlflow.db", "sweep": found.group(1),
-            "output": output, "nodes": cluster_nodes, "listening": listening, "job_seconds": seconds}
+            "output": output, "nodes": cluster_nodes, "listening": listening, "job_seconds": seconds,
+            "attach": attach}
+
+
+def submit_plain_job(env: dict, out: Path) -> dict:
+    """`ray job submit -- python -m asr_grpo.run debug=fast` as a user types it: Ray's own CLI,
+    no runtime env and no `placement.ray_address`, so the driver can only find the cluster
+    through the RAY_ADDRESS the job server sets for it. Its own output root and experiment
+    keep it out of the sweep's store."""
+    ray_cli = Path(sys.executable).with_name("ray")
+    t0 = time.monotonic()
+    r = subprocess.run([str(ray_cli), "job", "submit", f"--address=http://127.0.0.1:{env['DASHBOARD_PORT']}",
+                        f"--submission-id=wf-attach-{os.getpid()}", "--",
+                        sys.executable, "-m", "asr_grpo.run", "debug=fast", f"paths.output_root={out}",
+                        "logger.experiment_name=wf-attach"],
+                       env={**env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=900)
+    return {"returncode": r.returncode, "output": r.stdout + r.stderr, "root": out,
+            "tracking_uri": f"sqlite:///{out}/mlflow.db", "seconds": time.monotonic() - t0}

@@ -99,12 +99,17 @@ def test_compare_logs_back_and_registers_the_best_checkpoint(cluster_sweep, clie
     assert {"report/report.md", "report/report.csv", "report/curves.png", "report/staleness.png"} <= logged
     best = min(report["runs"], key=lambda r: (r["metrics"]["final_cer"], -r["metrics"]["final_reward"]))
     versions = [v for v in client.search_model_versions("name='asr-grpo-rl'") if v.run_id == best["run_id"]]
-    assert len(versions) == 1 and versions[0].source == f"runs:/{best['run_id']}/checkpoint/hf"
+    assert len(versions) == 1 and versions[0].source == f"runs:/{best['run_id']}/asr_model"
     import mlflow
 
     mlflow.set_tracking_uri(cluster_sweep["tracking_uri"])
-    local = mlflow.artifacts.download_artifacts(f"models:/asr-grpo-rl/{versions[0].version}")
-    assert is_complete_checkpoint(local)
+    uri = f"models:/asr-grpo-rl/{versions[0].version}"
+    local = Path(mlflow.artifacts.download_artifacts(uri))
+    assert is_complete_checkpoint(local / "artifacts" / "hf")   # transformers loads the folder as it is
+    # ...and MLflow loads the model back and transcribes with it.
+    audio = next(Path(cluster_sweep["root"]).rglob("*.wav"))
+    texts = mlflow.pyfunc.load_model(uri).predict([{"audio_filepath": str(audio), "language": "en"}])
+    assert len(texts) == 1 and isinstance(texts[0], str)
     assert client.get_run(best["run_id"]).data.tags["best_of"] == cluster_sweep["sweep"]
 
 

@@ -43,6 +43,7 @@ ForecastProfile = _choice("ForecastProfile", "roofline run file")
 LengthsKind = _choice("LengthsKind", "lognormal histogram")
 RewardTrend = _choice("RewardTrend", "rising flat")
 RunDevice = _choice("RunDevice", "auto cpu gpu")
+ModelInit = _choice("ModelInit", "pretrained random")
 
 
 @dataclass
@@ -91,13 +92,22 @@ class DataConfig:
     max_duration_s: float = 30.0
     min_duration_s: float = 0.1
     on_bad_audio: OnBadAudio = OnBadAudio.error   # error: fail naming file+line; skip: skip and count
+    # Language of manifest lines without `language` (NeMo: `lang`), e.g. "de"; empty:
+    # such a line is a bad line.
+    default_language: str = ""
 
 
 @dataclass
 class ModelConfig:
-    # An HF folder (save_pretrained layout, processor included). Empty: build the tiny
-    # model from the fields below. The RL run points this at the SFT checkpoint.
+    # A Qwen3-ASR checkpoint: any folder `from_pretrained` loads (save_pretrained layout,
+    # processor included) or a hub id where a hub is reachable. SFT starts from it when
+    # given, else from fresh weights of the architecture below; RL starts from it (the
+    # RL config points it at the SFT checkpoint, which SFT builds when missing).
     path: str = ""
+    # pretrained: the weights of `path`. random: fresh weights of the architecture below,
+    # with a tokenizer trained on the corpus (RL at real size without SFT or a download:
+    # systems benchmarks).
+    init: ModelInit = ModelInit.pretrained
     freeze_audio_encoder: bool = True
     dtype: str = "float32"
     # Tiny Qwen3-ASR architecture, used when building from config.
@@ -116,8 +126,11 @@ class ModelConfig:
     text_heads: int = 4
     text_kv_heads: int = 2
     text_intermediate: int = 768
+    text_head_dim: int = 0            # 0: text_hidden / text_heads
+    rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
-    # Tokenizer trained locally on the corpus text.
+    vocab_size: int = 0               # LM vocabulary; 0: the tokenizer's size
+    # Tokenizer trained locally on the corpus text (fresh weights only).
     tokenizer_vocab_size: int = 1200
 
 
@@ -181,7 +194,20 @@ class PlacementConfig:
     actor_num_ranks: int = 1
     rollout_num_workers: int = 1
     reward_num_workers: int = 1
-    ray_address: str = ""             # "" = start a local Ray; else ray.init(address=...)
+    # "": join $RAY_ADDRESS when set (`ray job submit` sets it for the driver), else start a
+    # local Ray; "local": always a local Ray; "auto" or an address: ray.init(address=...).
+    ray_address: str = ""
+    # Ray CPUs reserved per rank of each role (its actor's num_cpus; a GPU rank's bundle
+    # reserves them); roles not named keep these defaults.
+    role_cpus: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_ROLE_CPUS))
+
+
+# The model roles reserve no CPU: with trainer.num_threads=auto they share the node's cores
+# phase by phase (workers/base.py), which a fixed reservation would only cap (a role given
+# N >= 1 CPUs runs N torch threads in every phase). A reward worker is a single-threaded
+# Python process busy through the scoring phase: one core. The default run (actor,
+# reference, one reward worker) reserves 1 CPU and fits a 2-core laptop.
+DEFAULT_ROLE_CPUS = {"actor": 0.0, "ref": 0.0, "critic": 0.0, "reward_model": 0.0, "reward": 1.0, "rollout": 0.0}
 
 
 @dataclass
@@ -303,12 +329,14 @@ class TrainerConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     zero_stage: int = 1
+    gradient_checkpointing: bool = False   # recompute activations in backward (policy and critic)
     # torch threads per role rank. auto: follow the phase of the step (a rank computing alone takes
     # its node's cores, ranks computing side by side split them); an integer pins every phase.
     num_threads: int | str = "auto"
     eval_every: int = 20
     eval_max_utterances: int = 100
     save_every: int = 20
+    keep_last: int = 0                # step checkpoints kept (the newest); 0: all
     resume: bool = False
     output_dir: str = "${paths.output_root}/checkpoints/rl"
 

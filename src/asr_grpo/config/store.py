@@ -8,8 +8,10 @@ from hydra.core.config_store import ConfigStore
 
 from asr_grpo.config.schema import CompareConfig, ForecastConfig, RunConfig
 
-# conf/ sits at the repository root (editable install); entry points point Hydra here.
-CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
+# The config tree ships inside the package (asr_grpo/conf, package data), so an installed
+# package finds it from any folder; the repository's top-level `conf` is a symlink to it.
+# Entry points point Hydra here (an absolute path: the cwd plays no part).
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 def register_configs() -> None:
     cs = ConfigStore.instance()

@@ -86,6 +86,7 @@ def config_problems(cfg: Any) -> list[str]:
         need(reason is None, f"rollout.engine=vllm: {reason}")
 
     need(tr.steps >= 1, f"trainer.steps={tr.steps}: must be >= 1")
+    need(tr.keep_last >= 0, f"trainer.keep_last={tr.keep_last}: must be >= 0 (0 keeps every checkpoint)")
     need(tr.prompts_per_step >= 1, f"trainer.prompts_per_step={tr.prompts_per_step}: must be >= 1")
     need(tr.micro_batch_size >= 1, f"trainer.micro_batch_size={tr.micro_batch_size}: must be >= 1")
     need(tr.zero_stage in (0, 1, 2, 3), f"trainer.zero_stage={tr.zero_stage}: must be 0, 1, 2 or 3")

@@ -46,7 +46,8 @@ class AsrDataset(Dataset):
         self.max_duration_s = max_duration_limit(data_cfg)
         result = read_manifest(manifest_path, on_bad=data_cfg.on_bad_audio,
                                min_duration_s=self.min_duration_s,
-                               max_duration_s=self.max_duration_s)
+                               max_duration_s=self.max_duration_s,
+                               default_language=data_cfg.default_language)
         self.utterances: list[Utterance] = result.utterances
         self.skipped: list[tuple[int, str]] = result.skipped
         self.skip_bad = data_cfg.on_bad_audio == "skip"

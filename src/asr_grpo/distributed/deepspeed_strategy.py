@@ -5,6 +5,13 @@ launcher or Ray actor would set; `deepspeed_config` turns a `TrainerConfig` into
 validated DeepSpeed config; `TrainingEngine` wraps `deepspeed.initialize` with AdamW
 over the trainable parameters only and an HF LR schedule.
 
+Precision (`trained_precision`): `model.dtype=bfloat16` trains in DeepSpeed's bf16 mode,
+which casts the weights to bf16 for the forward and backward and keeps fp32 master
+weights in the optimizer (every ZeRO stage; stages 1-3 also accumulate gradients in
+fp32). The model is loaded in fp32: DeepSpeed casts only the parameters, so buffers
+(rotary frequencies, the audio encoder's sinusoids) stay fp32. DeepSpeed's CPU
+accelerator supports bf16, so the same path runs (slowly) on CPU.
+
 On CPU: backend gloo, `DS_ACCELERATOR=cpu`; the first init in a fresh machine
 JIT-compiles DeepSpeed's `deepspeed_shm_comm` op (~30 s, cached under
 ~/.cache/torch_extensions).
@@ -113,6 +120,13 @@ def shutdown_distributed() -> None:
         torch.distributed.destroy_process_group()
 
 
+def trained_precision(model_dtype: str) -> tuple[str, bool]:
+    """(dtype to load a trained model in, whether DeepSpeed's bf16 mode is on) for
+    `model.dtype`: bfloat16 -> fp32 weights handed to DeepSpeed's bf16 mode (bf16 compute,
+    fp32 master weights); any other dtype trains as loaded."""
+    return ("float32", True) if model_dtype == "bfloat16" else (model_dtype, False)
+
+
 def _check(ok: bool, key: str, rule: str, value: Any) -> None:
     if not ok:
         raise ValueError(f"trainer.{key} must be {rule}, got {value!r}")
@@ -123,7 +137,9 @@ def deepspeed_config(trainer_cfg, world_size: int, *, lr: Optional[float] = None
     """A DeepSpeed config dict for `trainer_cfg` (a `TrainerConfig`) on `world_size` ranks.
 
     The optimizer and scheduler are built by `TrainingEngine` and passed as objects, so
-    they are absent here; `lr` (e.g. `critic_lr`) is only validated.
+    they are absent here; `lr` (e.g. `critic_lr`) is only validated. `bf16`: DeepSpeed's
+    bf16 mode (bf16 weights, fp32 master weights), with fp32 gradient accumulation where
+    DeepSpeed supports it (ZeRO 1-3; stage 0 accumulates in bf16).
     """
     c = trainer_cfg
     _check(c.zero_stage in (0, 1, 2, 3), "zero_stage", "one of 0, 1, 2, 3", c.zero_stage)
@@ -139,6 +155,7 @@ def deepspeed_config(trainer_cfg, world_size: int, *, lr: Optional[float] = None
     _check(lr > 0, "lr", "> 0", lr)
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    extra = {"data_types": {"grad_accum_dtype": "fp32"}} if bf16 and c.zero_stage >= 1 else {}
     return {
         # DeepSpeed checks train_batch = micro * accumulation * world itself.
         "train_micro_batch_size_per_gpu": c.micro_batch_size,
@@ -152,6 +169,7 @@ def deepspeed_config(trainer_cfg, world_size: int, *, lr: Optional[float] = None
         "zero_allow_untested_optimizer": True,
         "steps_per_print": _QUIET_STEPS,
         "wall_clock_breakdown": False,
+        **extra,
     }
 
 
@@ -166,13 +184,28 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [g for g in groups if g["params"]]  # ZeRO chokes on empty groups
 
 
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in the backward pass instead of keeping them (HF gradient
+    checkpointing, non-reentrant: it works with the frozen audio encoder, whose inputs
+    need no grad). Only in training mode with grad on: a no-grad forward (rollout,
+    scoring) still runs with its KV cache."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):   # transformers >= 5.x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise TypeError(f"trainer.gradient_checkpointing: {type(model).__name__} supports no gradient checkpointing")
+
+
 class TrainingEngine:
     """A DeepSpeed engine plus the optimizer/scheduler built from a `TrainerConfig`.
 
     Call `backward(loss)` then `step()` for every micro-batch: DeepSpeed scales the loss
     by 1/grad_accum_steps, reduces gradients across ranks, and only steps the optimizer
     (with clipping) and the scheduler at accumulation boundaries. Requires
-    `init_distributed` first.
+    `init_distributed` first. `bf16`: see `trained_precision`; `trainer_cfg.
+    gradient_checkpointing` turns on the model's (HF) gradient checkpointing.
     """
 
     def __init__(self, model: torch.nn.Module, trainer_cfg, *, lr: Optional[float] = None,
@@ -185,6 +218,8 @@ class TrainingEngine:
         if trainer_cfg.num_threads != "auto":   # auto: the roles set threads per phase (roles/base.py)
             torch.set_num_threads(trainer_cfg.num_threads)
         self.zero_stage = trainer_cfg.zero_stage
+        if getattr(trainer_cfg, "gradient_checkpointing", False):
+            enable_gradient_checkpointing(model)
         optimizer = torch.optim.AdamW(_param_groups(model, trainer_cfg.weight_decay),
                                       lr=trainer_cfg.lr if lr is None else lr)
         # Scheduler steps are optimizer steps; the caller knows how many an RL step makes.
@@ -222,8 +257,8 @@ class TrainingEngine:
         return self.train(False)
 
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
-        # Losses are computed on the CPU (outputs come back there); hand DeepSpeed one on
-        # the engine's device, as its own bookkeeping expects (a no-op on CPU).
+        # Losses are computed on the model's device already; a loss from elsewhere is
+        # handed to DeepSpeed on the engine's device, as its bookkeeping expects.
         return self.engine.backward(loss.to(self.engine.device))
 
     def is_gradient_accumulation_boundary(self) -> bool:

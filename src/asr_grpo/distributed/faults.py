@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from pathlib import Path
 
 RESTARTABLE_ROLES = frozenset({"ref", "reward_model", "reward", "rollout"})
 
@@ -74,7 +75,8 @@ def is_actor_death(exc: BaseException) -> bool:
 
 def trainer_died_message(role: str, rank: int, step: int, cause: BaseException,
                          checkpoint: str | None, checkpoint_step: int | None) -> str:
-    where = (f"rerun with trainer.resume=true to continue from {checkpoint} (step {checkpoint_step})"
+    where = (f"rerun with trainer.resume=true trainer.output_dir={Path(checkpoint).parent} to continue from "
+             f"{checkpoint} (step {checkpoint_step})"
              if checkpoint else "no checkpoint was written yet (trainer.save_every): rerun from the start")
     reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
     return (f"the trainer died: role {role!r} rank {rank} during step {step + 1} ({reason}). "

@@ -16,6 +16,8 @@ import logging
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from asr_grpo.config.schema import DEFAULT_ROLE_CPUS  # CPUs per rank of each role, and why
+
 log = logging.getLogger(__name__)
 
 # Order matters: separate mode hands out bundle ranges in this order.
@@ -31,6 +33,7 @@ class Slot:
     rank: int
     bundle_index: Optional[int]   # None: CPU-only, scheduled outside the placement group
     num_gpus: float
+    num_cpus: float = 0.0         # Ray CPUs reserved for the rank (in its bundle, when it has one)
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,12 @@ class PlacementPlan:
     def describe(self) -> str:
         mode = "colocate" if self.colocate else "separate"
         lines = [f"{mode}: {len(self.bundles)} bundle(s), strategy {self.strategy}"]
-        for i in range(len(self.bundles)):
-            lines.append(f"  bundle {i}: " + ", ".join(
+        for i, bundle in enumerate(self.bundles):
+            cpus = f" ({bundle['CPU']:g} CPU)" if bundle.get("CPU") else ""
+            lines.append(f"  bundle {i}{cpus}: " + ", ".join(
                 f"{s.role}[{s.rank}]={s.num_gpus:g}" for s in self.on_bundle(i)))
-        cpu_only = [f"{s.role}[{s.rank}]" for ss in self.slots.values() for s in ss
-                    if s.bundle_index is None]
+        cpu_only = [f"{s.role}[{s.rank}]" + (f" ({s.num_cpus:g} CPU)" if s.num_cpus else "")
+                    for ss in self.slots.values() for s in ss if s.bundle_index is None]
         if cpu_only:
             lines.append("  CPU-only: " + ", ".join(cpu_only))
         return "\n".join(lines)
@@ -84,15 +88,29 @@ def _gpu_fraction(placement_cfg, role: str) -> float:
     return float(getattr(placement_cfg, f"{role}_gpus"))
 
 
-def plan_placement(placement_cfg, roles: Mapping[str, int], *, strategy: str = "PACK",
-                   cpus_per_bundle: float = 0.0) -> PlacementPlan:
-    """Decide bundles and each rank's (bundle index, GPU fraction).
+def role_cpus(placement_cfg) -> dict[str, float]:
+    """CPUs per rank of each role: `placement.role_cpus` over DEFAULT_ROLE_CPUS (a role it
+    does not name keeps its default); unknown roles and negative counts name the key."""
+    given = getattr(placement_cfg, "role_cpus", None)
+    given = dict(given.items()) if given is not None else {}
+    unknown = sorted(set(given) - set(ROLES))
+    if unknown:
+        raise ValueError(f"placement.role_cpus names unknown role(s) {unknown}; known roles: {list(ROLES)}")
+    out = {**DEFAULT_ROLE_CPUS, **{r: float(v) for r, v in given.items()}}
+    bad = {r: v for r, v in out.items() if not v >= 0.0 or v == float("inf")}
+    if bad:
+        raise ValueError(f"placement.role_cpus must be finite CPU counts >= 0, got {bad}")
+    return out
+
+
+def plan_placement(placement_cfg, roles: Mapping[str, int], *, strategy: str = "PACK") -> PlacementPlan:
+    """Decide bundles and each rank's (bundle index, GPU fraction, CPUs).
 
     colocate: one bundle per rank index, i.e. max(ranks of the GPU roles) bundles; rank i
         of every GPU role sits on bundle i (actor i with ref i: 0.75 + 0.25).
     separate: every GPU rank gets a bundle of its own, roles in disjoint ranges.
-    `cpus_per_bundle` defaults to 0: role actors run with num_cpus=0 (see role_group),
-    so reserving cores per bundle would only cap the plan at the box's core count.
+    A bundle reserves the CPUs (`placement.role_cpus`) of the ranks it carries, and none
+    when they reserve none; a CPU-only rank takes its CPUs from its node, outside the group.
     """
     unknown = sorted(set(roles) - set(ROLES))
     if unknown:
@@ -111,6 +129,7 @@ def plan_placement(placement_cfg, roles: Mapping[str, int], *, strategy: str = "
                 f"placement.{role}_gpus={f:g} is outside [0, 1]: a rank gets at most one "
                 f"1-GPU bundle")
     gpu_roles = [r for r in ROLES if counts[r] and frac[r] > 0]
+    cpus = role_cpus(placement_cfg)
 
     # First bundle of each role: colocated roles all start at 0 (rank i on bundle i);
     # separate ones get consecutive, disjoint ranges.
@@ -119,8 +138,8 @@ def plan_placement(placement_cfg, roles: Mapping[str, int], *, strategy: str = "
         first[role] = 0 if placement_cfg.colocate else offset
         offset = max(offset, counts[role]) if placement_cfg.colocate else offset + counts[role]
     num_bundles = offset
-    slots = {role: tuple(Slot(role, i, first[role] + i, frac[role]) if role in first
-                         else Slot(role, i, None, 0.0) for i in range(counts[role]))
+    slots = {role: tuple(Slot(role, i, first[role] + i, frac[role], cpus[role]) if role in first
+                         else Slot(role, i, None, 0.0, cpus[role]) for i in range(counts[role]))
              for role in ROLES}
     parts = ", ".join(f"{r} {counts[r]}" for r in gpu_roles)
     need = (f"colocated: max({parts}) = {num_bundles}" if placement_cfg.colocate
@@ -134,9 +153,12 @@ def plan_placement(placement_cfg, roles: Mapping[str, int], *, strategy: str = "
             f"{placement_cfg.gpus_per_node} = {capacity}; lower the rank counts or raise "
             f"gpus_per_node/num_nodes")
 
-    bundle = {"GPU": 1.0, **({"CPU": float(cpus_per_bundle)} if cpus_per_bundle > 0 else {})}
+    def bundle(i: int) -> dict:
+        cpu = sum(s.num_cpus for ss in slots.values() for s in ss if s.bundle_index == i)
+        return {"GPU": 1.0, **({"CPU": cpu} if cpu > 0 else {})}
+
     plan = PlacementPlan(colocate=bool(placement_cfg.colocate),
-                         bundles=tuple(dict(bundle) for _ in range(num_bundles)),
+                         bundles=tuple(bundle(i) for i in range(num_bundles)),
                          slots=slots, strategy=strategy,
                          warnings=_colocation_warnings(placement_cfg, counts, frac, gpu_roles))
     _check_bundle_loads(plan)
@@ -191,12 +213,13 @@ def create_placement_group(plan: PlacementPlan, *, timeout_s: float = 60.0, name
 
     if not plan.bundles:
         return None
-    need = {k: sum(b.get(k, 0.0) for b in plan.bundles) for k in plan.bundles[0]}
+    keys = sorted({k for b in plan.bundles for k in b}, key=lambda k: (k != "GPU", k))
+    need = {k: sum(b.get(k, 0.0) for b in plan.bundles) for k in keys}
     total = ray.cluster_resources()
     short = {k: v for k, v in need.items() if total.get(k, 0.0) + _EPS < v}
     if short:
         raise PlacementError(
-            f"the plan needs {len(plan.bundles)} bundle(s) of {plan.bundles[0]} "
+            f"the plan needs {len(plan.bundles)} bundle(s) of 1 GPU "
             f"({_fmt(need)} in all), the cluster has {_fmt({k: total.get(k, 0.0) for k in need})}"
             f" in total; plan:\n{plan.describe()}")
     pg = placement_group([dict(b) for b in plan.bundles], strategy=plan.strategy, name=name)
@@ -205,7 +228,7 @@ def create_placement_group(plan: PlacementPlan, *, timeout_s: float = 60.0, name
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(pg)
         raise PlacementError(
-            f"placement group of {len(plan.bundles)} bundle(s) of {plan.bundles[0]} not ready "
+            f"placement group of {len(plan.bundles)} bundle(s) of 1 GPU ({_fmt(need)} in all) not ready "
             f"after {timeout_s:g} s: the cluster has {_fmt(total)} in total but only "
             f"{_fmt({k: ray.available_resources().get(k, 0.0) for k in need})} free "
             f"(other placement groups or actors hold the rest)") from None

@@ -6,13 +6,25 @@ bundles and fractional-GPU actors exactly as on a GPU node (it only counts, and 
 CUDA_VISIBLE_DEVICES to an id nobody uses), so the colocate/separate layouts are
 exercised on a laptop. With real CUDA devices Ray's own detection is used unchanged.
 
+Which Ray: `placement.ray_address` when set ("auto" or an address: join that cluster;
+"local": always start one here); when empty, the cluster `RAY_ADDRESS` names, which `ray
+job submit` sets for the job's driver, so a submitted `python -m asr_grpo.run` attaches
+to the cluster it was submitted to instead of starting a second Ray inside the job; with
+neither, a local start.
+
 Ray 2.60 enables token authentication by default (token under ~/.ray/); a driver
 joining an existing cluster needs that cluster's token.
+
+Private Ray internals (no public API keeps a Linux node on the loopback): the local start
+flips `ray._private.ray_constants.ENABLE_RAY_CLUSTER` and passes `ray.init(_node_ip_address=)`.
+pyproject pins the Ray minor they were tested with, and tests/distributed/test_ray_internals.py
+fails naming the symbol when a Ray release moves one.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Optional
 
 log = logging.getLogger(__name__)
@@ -22,13 +34,8 @@ _keep_joined = False              # shutdown_ray leaves a joined cluster connect
 
 
 def cuda_device_count() -> int:
-    """NVIDIA GPUs on this host, counted the way `ray.init(num_gpus=None)` would count them
-    (cheap: no torch import); torch is the fallback if Ray's detector moves."""
-    try:
-        from ray._private.accelerators import NvidiaGPUAcceleratorManager
-        return int(NvidiaGPUAcceleratorManager.get_current_node_num_accelerators())
-    except ImportError:
-        pass
+    """CUDA GPUs this process may use (CUDA_VISIBLE_DEVICES honoured), through torch's
+    public API; no torch or a broken driver counts as none."""
     try:
         import torch
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -36,12 +43,28 @@ def cuda_device_count() -> int:
         return 0
 
 
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+
+
+def cluster_address(placement_cfg) -> tuple[str, str]:
+    """(address to join, where it came from); ("", ...) means start a local Ray."""
+    configured = str(placement_cfg.ray_address or "")
+    if configured == "local":
+        return "", "placement.ray_address=local"
+    if configured:
+        return configured, "placement.ray_address"
+    if os.environ.get(RAY_ADDRESS_ENV):
+        return os.environ[RAY_ADDRESS_ENV], RAY_ADDRESS_ENV
+    return "", "no address: local start"
+
+
 @contextlib.contextmanager
 def _loopback_only():
     """On Linux Ray resolves `_node_ip_address="127.0.0.1"` to the host's routable IP and
     binds its servers there (see ray._private.services.resolve_ip_for_localhost); the
     single-machine mode it uses on macOS/Windows, gated by this flag, keeps everything on
-    the loopback. The flag is read only while the node is being started."""
+    the loopback. The flag is read only while the node is being started, or while a driver
+    resolves the address of the cluster it joins."""
     try:
         from ray._private import ray_constants
         saved = ray_constants.ENABLE_RAY_CLUSTER
@@ -55,11 +78,23 @@ def _loopback_only():
         ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
+def _on_loopback(address: str) -> bool:
+    """True for "auto" (the cluster on this machine, which may be loopback-only) and for a
+    loopback host; a routable address or a Ray Client (ray://) address is left to Ray."""
+    if address == "auto":
+        return True
+    if "://" in address:
+        return False
+    host = address.rsplit(":", 1)[0].strip("[]") if address.count(":") == 1 or address.startswith("[") else address
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
 def start_ray(placement_cfg, *, num_cpus: Optional[int] = None,
               runtime_env: Optional[dict] = None, log_to_driver: bool = True,
               include_dashboard: bool = False) -> dict:
-    """Join `placement.ray_address` if set, else start a local loopback-only Ray.
-    Idempotent: if Ray is already initialised (by us or anyone), it is reused."""
+    """Join `placement.ray_address` if set, else the cluster RAY_ADDRESS names, else start
+    a local loopback-only Ray. Idempotent: if Ray is already initialised (by us or anyone),
+    it is reused."""
     global _started
     import ray
 
@@ -68,23 +103,27 @@ def start_ray(placement_cfg, *, num_cpus: Optional[int] = None,
         if not _started or _started["address"] != summary["address"]:   # not ours
             _started = {"joined": None, "logical_gpus": None, "address": summary["address"]}
         return {**_started, **summary, "reused": True}
-    if placement_cfg.ray_address:
-        ray.init(address=placement_cfg.ray_address, runtime_env=runtime_env,
-                 log_to_driver=log_to_driver)
-        _started = {"joined": True, "logical_gpus": False}  # the cluster's own GPUs
+    address, source = cluster_address(placement_cfg)
+    if address:
+        # A loopback-only cluster (the launch/ scripts' default, or another driver's local
+        # start) is reached on 127.0.0.1 only if Ray keeps that address as given. In a
+        # `ray job submit` driver ray.init also picks up the job's runtime env.
+        with _loopback_only() if _on_loopback(address) else contextlib.nullcontext():
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=log_to_driver)
+        _started = {"joined": True, "logical_gpus": False, "via": source}  # the cluster's own GPUs
     else:
         if int(placement_cfg.num_nodes) > 1:
             raise ValueError(
                 f"placement.num_nodes={placement_cfg.num_nodes} needs an existing multi-node "
-                f"cluster: set placement.ray_address (a local start is one node)")
+                f"cluster: set placement.ray_address or RAY_ADDRESS (a local start is one node)")
         logical = bool(placement_cfg.use_logical_gpus) and cuda_device_count() == 0
         with _loopback_only():
-            # address="local" so a RAY_ADDRESS in the environment cannot redirect us.
+            # address="local": decided above (placement.ray_address=local wins over RAY_ADDRESS).
             ray.init(address="local", num_cpus=num_cpus,
                      num_gpus=int(placement_cfg.gpus_per_node) if logical else None,
                      include_dashboard=include_dashboard, _node_ip_address="127.0.0.1",
                      log_to_driver=log_to_driver, runtime_env=runtime_env)
-        _started = {"joined": False, "logical_gpus": logical}
+        _started = {"joined": False, "logical_gpus": logical, "via": source}
     summary = cluster_summary()
     _started["address"] = summary["address"]
     summary = {**_started, **summary, "reused": False}

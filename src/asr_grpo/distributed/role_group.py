@@ -1,7 +1,7 @@
 """A role (actor, ref, critic, reward, rollout) as a group of Ray actors, one per rank.
 
 Each rank is pinned to the bundle its PlacementPlan slot names, with that slot's GPU
-fraction and num_cpus=0, and gets the torch.distributed environment in its process
+fraction and CPUs (`placement.role_cpus`), and gets the torch.distributed environment in its process
 env before `__init__` runs, so DeepSpeed can initialise inside the actor.
 
 `placement_report()` reads back from Ray where each rank really landed; the bundle
@@ -85,8 +85,9 @@ def _rendezvous(pg, slot: Slot) -> tuple[str, int]:
 class RoleGroup:
     """`plan.ranks(role)` Ray actors of `actor_cls`, one per rank.
 
-    num_cpus=0: a rank reserves no core, so a 2-core box can host many ranks (the OS
-    shares the cores; set torch threads per rank). The GPU fraction does the placing.
+    num_cpus is the slot's (`placement.role_cpus`): by default a model rank reserves no
+    core, so a 2-core box can host many ranks (the OS shares the cores; torch threads are
+    set per rank and phase), and a reward worker one. The GPU fraction does the placing.
     LOCAL_RANK is "0": Ray narrows each GPU actor's CUDA_VISIBLE_DEVICES to its bundle's
     GPU, so inside the actor that GPU is always device 0 (OpenRLHF does the same);
     torchrun's node-local rank would name a device the actor cannot see.
@@ -122,7 +123,7 @@ class RoleGroup:
             strategy = None if slot.bundle_index is None else PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=slot.bundle_index)
             self._handles.append(remote_cls.options(
-                num_cpus=0, num_gpus=slot.num_gpus, scheduling_strategy=strategy,
+                num_cpus=slot.num_cpus, num_gpus=slot.num_gpus, scheduling_strategy=strategy,
                 runtime_env={**(runtime_env or {}), "env_vars": env},
                 max_restarts=max_restarts, max_task_retries=max_task_retries,
             ).remote(*init_args, **(init_kwargs or {})))

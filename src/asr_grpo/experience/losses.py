@@ -1,5 +1,7 @@
 """Micro-batch losses of the policy and the critic: pack the items, run the model, apply
-the pure losses from `algorithms`. Shared by every worker that trains."""
+the pure losses from `algorithms`. Shared by every worker that trains. The losses are
+computed on the model's device (the experience fields go there), from the response
+positions' logits only."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -28,30 +30,32 @@ def pack_items(items: Sequence[ExperienceItem], pad_id: int) -> SequenceBatch:
                           [it.features for it in items], pad_id)
 
 
-def _field(items: Sequence[ExperienceItem], name: str, width: int) -> torch.Tensor:
-    return pad_ragged([getattr(it, name) for it in items], width)
+def _field(items: Sequence[ExperienceItem], name: str, width: int, device: torch.device) -> torch.Tensor:
+    return pad_ragged([getattr(it, name) for it in items], width).to(device)
 
 
 def actor_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig,
                pad_id: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     batch = pack_items(items, pad_id)
     T = batch.response_ids.shape[1]
-    mask = batch.response_mask
-    logits = response_logits(model, batch)
+    logits = response_logits(model, batch).float()   # bf16 logits: scale in fp32, as the sampler does
+    dev = logits.device
+    mask = batch.response_mask.to(dev)
     if algo.temperature not in (0.0, 1.0):
         logits = logits / algo.temperature
-    logp = logprobs_from_logits(logits, batch.response_ids)
-    old = _field(items, "old_logprobs", T)
+    logp = logprobs_from_logits(logits, batch.response_ids.to(dev))
+    old = _field(items, "old_logprobs", T, dev)
     weights = None
     if algo.stale_is_correction:
         # Tokens decoded by an older policy (carried over by overcommit): truncated IS.
-        weights = truncated_importance_weights(old, _field(items, "behaviour_logprobs", T), algo.stale_is_clip)
-    loss, metrics = policy_loss(logp, old, _field(items, "advantages", T), mask, algo.eps_clip_low,
+        weights = truncated_importance_weights(old, _field(items, "behaviour_logprobs", T, dev),
+                                               algo.stale_is_clip)
+    loss, metrics = policy_loss(logp, old, _field(items, "advantages", T, dev), mask, algo.eps_clip_low,
                                 algo.eps_clip_high, algo.dual_clip, algo.loss_agg, importance_weights=weights)
     metrics = {f"policy/{k}": v for k, v in metrics.items()}
     metrics["loss/policy"] = loss.detach()
     if not algo.kl_in_reward and algo.kl_coef > 0:
-        kl = kl_penalty(logp, _field(items, "ref_logprobs", T), algo.kl_estimator)
+        kl = kl_penalty(logp, _field(items, "ref_logprobs", T, dev), algo.kl_estimator)
         kl_loss = aggregate_loss(kl, mask, algo.loss_agg)
         loss = loss + algo.kl_coef * kl_loss
         metrics["kl/loss"] = kl_loss.detach()
@@ -69,10 +73,11 @@ def critic_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig, p
     batch = pack_items(items, pad_id)
     T = batch.response_ids.shape[1]
     values = response_values(model, batch)
-    loss, metrics = value_loss(values, _field(items, "old_values", T), _field(items, "returns", T),
-                               batch.response_mask, algo.value_clip, algo.loss_agg)
+    dev = values.device
+    mask, returns = batch.response_mask.to(dev), _field(items, "returns", T, dev)
+    loss, metrics = value_loss(values, _field(items, "old_values", T, dev), returns, mask, algo.value_clip,
+                               algo.loss_agg)
     metrics = {f"critic/{k}": v for k, v in metrics.items()}
-    metrics["critic/explained_variance"] = explained_variance(values.detach(), _field(items, "returns", T),
-                                                              batch.response_mask)
+    metrics["critic/explained_variance"] = explained_variance(values.detach(), returns, mask)
     metrics["loss/value"] = loss.detach()
     return loss, metrics

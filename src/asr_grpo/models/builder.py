@@ -14,7 +14,7 @@ from transformers import (
 )
 
 from asr_grpo.config.schema import ModelConfig
-from asr_grpo.models.tokenizer import AUDIO_PAD, IM_END, PAD_TOKEN
+from asr_grpo.models.tokenizer import AUDIO_PAD, IM_END, PAD_TOKEN, train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,12 @@ def build_processor(tokenizer) -> Qwen3ASRProcessor:
     )
 
 
-def tiny_config(cfg: ModelConfig, tokenizer) -> Qwen3ASRConfig:
-    """A Qwen3-ASR config scaled down to a few million parameters."""
+def architecture_config(cfg: ModelConfig, tokenizer) -> Qwen3ASRConfig:
+    """The Qwen3-ASR config of `cfg`'s architecture (the tiny default, or a published size
+    in conf/model/) around `tokenizer`'s special tokens."""
     ids = tokenizer.convert_tokens_to_ids
+    if cfg.vocab_size and cfg.vocab_size < len(tokenizer):
+        raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer ({len(tokenizer)} tokens)")
     return Qwen3ASRConfig(
         audio_config={
             "model_type": "qwen3_asr_encoder",
@@ -55,14 +58,15 @@ def tiny_config(cfg: ModelConfig, tokenizer) -> Qwen3ASRConfig:
         },
         text_config={
             "model_type": "qwen3",
-            "vocab_size": len(tokenizer),
+            "vocab_size": cfg.vocab_size or len(tokenizer),
             "hidden_size": cfg.text_hidden,
             "intermediate_size": cfg.text_intermediate,
             "num_hidden_layers": cfg.text_layers,
             "num_attention_heads": cfg.text_heads,
             "num_key_value_heads": cfg.text_kv_heads,
-            "head_dim": cfg.text_hidden // cfg.text_heads,
+            "head_dim": cfg.text_head_dim or cfg.text_hidden // cfg.text_heads,
             "max_position_embeddings": cfg.max_position_embeddings,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
             "tie_word_embeddings": True,
             "pad_token_id": ids(PAD_TOKEN),
             "eos_token_id": ids(IM_END),
@@ -75,9 +79,16 @@ def tiny_config(cfg: ModelConfig, tokenizer) -> Qwen3ASRConfig:
     )
 
 
+def fresh_model(cfg: ModelConfig, texts, seed: int = 0, languages=("en", "zh")):
+    """Fresh weights of `cfg`'s architecture around a tokenizer trained on `texts` (and
+    the prompt words of `languages`): (model, processor)."""
+    tokenizer = train_tokenizer(texts, cfg.tokenizer_vocab_size, languages=sorted(set(languages)))
+    return build_model(cfg, tokenizer, seed=seed), build_processor(tokenizer)
+
+
 def build_model(cfg: ModelConfig, tokenizer, seed: int = 0) -> Qwen3ASRForConditionalGeneration:
     torch.manual_seed(seed)
-    model = Qwen3ASRForConditionalGeneration(tiny_config(cfg, tokenizer))
+    model = Qwen3ASRForConditionalGeneration(architecture_config(cfg, tokenizer))
     init_audio_frontend(model)
     _set_generation_defaults(model, tokenizer)
     return model.to(getattr(torch, cfg.dtype))

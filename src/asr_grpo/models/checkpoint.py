@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,40 @@ def recover_interrupted_save(path: str | Path) -> bool:
 def is_complete_checkpoint(path: str | Path) -> bool:
     recover_interrupted_save(path)
     return (Path(path) / COMPLETE_MARKER).is_file()
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why `path` cannot serve as a model to load (None: it can).
+
+    The completion marker belongs to this project's own atomic saves (a folder of ours
+    never lacks it). Any other folder that `from_pretrained` reads qualifies: a
+    `config.json` beside its weights, as `save_pretrained` or a download leaves it. A
+    name that is no local path but looks like `org/name` is left to `from_pretrained`
+    (a hub id, where a hub is reachable).
+    """
+    text = str(path)
+    if not text:
+        return "no path given"
+    p = Path(path)
+    recover_interrupted_save(p)
+    if not p.exists():
+        if _HUB_ID.match(text) and not text.startswith((".", "/")):
+            return None
+        return f"{text} does not exist"
+    if not p.is_dir():
+        return f"{text} is a file, not a checkpoint folder"
+    if (p / COMPLETE_MARKER).is_file():
+        return None
+    if not (p / "config.json").is_file():
+        return f"{text} has no config.json (not a save_pretrained folder)"
+    if not any((p / name).is_file() for name in WEIGHT_FILES):
+        return f"{text} has a config.json but no weights ({' or '.join(WEIGHT_FILES[::2])})"
+    return None
 
 
 def checkpoint_metadata(path: str | Path) -> dict[str, Any]:

@@ -29,20 +29,29 @@ class ValueModel(torch.nn.Module):
     def audio_tower(self):
         return self.backbone.audio_tower
 
+    def activation_checkpointing_enable(self, **kwargs) -> None:
+        """The backbone's (HF) gradient checkpointing; the value head is one linear layer."""
+        self.backbone.activation_checkpointing_enable(**kwargs)
+
     def forward(self, **inputs) -> torch.Tensor:
         hidden = self.backbone(**inputs, use_cache=False).last_hidden_state
         return self.value_head(hidden).squeeze(-1)
 
 
 def response_values(model: ValueModel, batch: SequenceBatch) -> torch.Tensor:
-    """V(state before response token j) [B, T]: read at the column that predicts token j."""
-    values = model(**on_model_device(model, batch.model_inputs())).cpu()
-    return values[:, batch.prompt_width - 1:-1] * batch.response_mask
+    """V(state before response token j) [B, T]: read at the column that predicts token j.
+    On the model's device (with grad when it is on)."""
+    values = model(**on_model_device(model, batch.model_inputs()))
+    return values[:, batch.prompt_width - 1:-1] * batch.response_mask.to(values.device)
 
 
 def value_forward(model: ValueModel) -> ForwardFn:
-    """Per-position values with the backbone's KV cache (for streaming scoring)."""
-    def forward(cache=None, **inputs):
+    """Values at the kept positions, with the backbone's KV cache (for streaming
+    scoring; see `ForwardFn`)."""
+    def forward(cache=None, keep=None, **inputs):
         out = model.backbone(**on_model_device(model, inputs), cache=cache, use_cache=True)
-        return model.value_head(out.last_hidden_state).squeeze(-1).cpu(), out.cache
+        hidden = out.last_hidden_state
+        if keep is not None:
+            hidden = hidden[keep.to(hidden.device)]
+        return model.value_head(hidden).squeeze(-1), out.cache
     return forward

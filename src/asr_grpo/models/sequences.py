@@ -53,12 +53,17 @@ def stack_features(feats: Sequence[AudioFeatures]) -> tuple[torch.Tensor, torch.
 
 def on_model_device(model, inputs: dict) -> dict:
     """`inputs` moved to where `model`'s weights are (a GPU under DeepSpeed; a no-op on
-    CPU). Batches are built on the CPU and outputs come back there (see the callers):
-    Ray ships CPU tensors, and the losses and samplers work on them."""
+    CPU), floating-point ones (the audio features) cast to the weights' dtype (a bf16
+    model's convolutions refuse fp32 features). Batches are built on the CPU; outputs
+    stay on the model's device, and what the callers bring back is small (per-token
+    log-probs or values, sampled token ids), never full-vocabulary logits."""
+    first = next(model.parameters())
     device = getattr(model, "device", None)
     if not isinstance(device, torch.device):
-        device = next(model.parameters()).device
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+        device = first.device
+    dtype = first.dtype if first.is_floating_point() else None
+    return {k: (v.to(device, dtype) if dtype is not None and v.is_floating_point() else v.to(device))
+            if torch.is_tensor(v) else v for k, v in inputs.items()}
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -101,14 +106,19 @@ def pack_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
 
 
 def response_logits(model, batch: SequenceBatch) -> torch.Tensor:
-    """Logits [B, T, V] that predict each response token."""
-    out = model(**on_model_device(model, batch.model_inputs()), use_cache=False)
-    return out.logits[:, batch.prompt_width - 1:-1, :].cpu()
+    """Logits [B, T, V] that predict each response token, on the model's device (with
+    grad when it is on): only the response positions go through the LM head
+    (`logits_to_keep`), so no prompt position is projected onto the vocabulary."""
+    P, T = batch.prompt_width, batch.response_ids.shape[1]
+    out = model(**on_model_device(model, {**batch.model_inputs(), "logits_to_keep": torch.arange(P - 1, P + T - 1)}),
+                use_cache=False)
+    return out.logits
 
 
 def response_logprobs(model, batch: SequenceBatch, temperature: float = 1.0) -> torch.Tensor:
-    """log pi(response token | prefix) [B, T] at the sampling temperature; 0 on padding."""
+    """log pi(response token | prefix) [B, T] at the sampling temperature; 0 on padding.
+    Computed on the model's device; only the [B, T] log-probs come back to the CPU."""
     logits = response_logits(model, batch)
     if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    return logprobs_from_logits(logits, batch.response_ids) * batch.response_mask
+        logits = logits.float() / temperature   # bf16 logits: scale in fp32, as the sampler does
+    return logprobs_from_logits(logits, batch.response_ids.to(logits.device)).cpu() * batch.response_mask

@@ -33,9 +33,10 @@ def _aside(final: Path) -> Path:
     return final.with_name(f".{final.name}.old")
 
 
-def commit(output_dir: str | Path, staging: Path, step: int, driver_state: dict) -> Path:
+def commit(output_dir: str | Path, staging: Path, step: int, driver_state: dict, keep_last: int = 0) -> Path:
     """Write the driver state, fsync every file and folder, rename the staging folder
-    into place, then move `latest`."""
+    into place, then move `latest`; with `keep_last` > 0, delete all but that many of
+    the newest step checkpoints (only after `latest` points at the new one)."""
     (staging / DRIVER_STATE).write_text(json.dumps(driver_state, indent=2, sort_keys=True))
     fsync_tree(staging)
     final = step_dir(output_dir, step)
@@ -53,6 +54,9 @@ def commit(output_dir: str | Path, staging: Path, step: int, driver_state: dict)
     fsync_path(output_dir)
     if old.exists():
         shutil.rmtree(old)
+    if keep_last > 0:
+        for stale in sorted(Path(output_dir).glob("step_*"))[:-keep_last]:
+            shutil.rmtree(stale)
     return final
 
 

@@ -16,17 +16,14 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from asr_grpo.algorithms import logprobs_from_logits
-from asr_grpo.models.kv_batch import ForwardFn, KVBatch
+from asr_grpo.models.kv_batch import ForwardFn, KVBatch, ScoreFn
 from asr_grpo.models.sequences import AudioFeatures
-
-# (outputs predicting some tokens [m, ...], those tokens [m]) -> per-token scores [m]
-ScoreFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def token_logprobs(temperature: float = 1.0) -> ScoreFn:
     def score(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         if temperature not in (0.0, 1.0):
-            logits = logits / temperature
+            logits = logits.float() / temperature   # bf16 logits: scale in fp32, as the sampler does
         return logprobs_from_logits(logits[None], tokens[None])[0]
     return score
 
@@ -73,10 +70,10 @@ class StreamingScorer:
                 raise ValueError(f"streaming scorer: sequence {uid!r} shrank from {seen} to {len(toks)} tokens")
             by_cohort.setdefault(id(cohort), (cohort, {}))[1][uid] = list(toks[seen:])
         for cohort, new in by_cohort.values():
-            outs = cohort.kv.extend([new.get(u, []) for u in cohort.uids])
-            for uid, out in zip(cohort.uids, outs):
+            scores = cohort.kv.extend([new.get(u, []) for u in cohort.uids], self.score)
+            for uid, sc in zip(cohort.uids, scores):
                 if uid in new and new[uid]:
-                    self._append(uid, out, new[uid])
+                    self._append(uid, sc, new[uid])
         for start in range(0, len(fresh), self.max_batch_size):
             self._start_cohort(fresh[start:start + self.max_batch_size], tokens)
 
@@ -120,17 +117,20 @@ class StreamingScorer:
         kv = KVBatch(self.forward(), self.pad_id)
         feats = [self._prompts[u][1] for u in uids] if self.use_audio else None
         # Sequences of one prompt (a GRPO group, or every text-LM context) share its prefill.
-        outs = kv.prefill_shared([self._prompts[u][0] for u in uids], feats, [list(tokens[u]) for u in uids])
+        scores = kv.prefill_shared([self._prompts[u][0] for u in uids], feats, [list(tokens[u]) for u in uids],
+                                   self.score)
         cohort = _Cohort(kv, list(uids))
-        for uid, out in zip(uids, outs):
+        for uid, sc in zip(uids, scores):
             self._cohort_of[uid] = cohort
             self._scores[uid] = []
             self._consumed[uid] = 0
             if len(tokens[uid]):
-                self._append(uid, out, list(tokens[uid]))
+                self._append(uid, sc, list(tokens[uid]))
 
-    def _append(self, uid: str, predicting: torch.Tensor, new: list[int]) -> None:
-        self._scores[uid].append(self.score(predicting, torch.as_tensor(new, dtype=torch.long)))
+    def _append(self, uid: str, scores: torch.Tensor, new: list[int]) -> None:
+        """`scores`: the new tokens' scores, computed by the KV batch on the model's
+        device for the whole cohort at once and brought to the CPU."""
+        self._scores[uid].append(scores)
         self._consumed[uid] += len(new)
 
 

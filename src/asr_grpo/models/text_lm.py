@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from asr_grpo.data.languages import LANGUAGE_NAMES
 from asr_grpo.models.checkpoint import (
     checkpoint_metadata,
     is_complete_checkpoint,
@@ -62,7 +63,6 @@ log = logging.getLogger(__name__)
 # Bump when the sequence format or the training recipe changes: cached LMs rebuild.
 TEXT_LM_FORMAT_VERSION = 1
 START_TOKEN = IM_START
-LANGUAGE_NAMES = {"en": "English", "zh": "Chinese"}   # as in asr_grpo.rewards.text
 FLUENCY_QUANTILE = 0.9        # reference_nll: this quantile of held-out sentence NLLs
 HOLDOUT_FRACTION = 0.05       # train sentences kept out of training for calibration
 MAX_HOLDOUT = 200
@@ -115,7 +115,7 @@ def start_token_id(tokenizer) -> int:
 
 
 def language_context_ids(tokenizer, language: str) -> list[int]:
-    """Ids of `language <Name><asr_text>` for a code ("en" | "zh") or a name
+    """Ids of `language <Name><asr_text>` for a code ("en", "de", ...) or a name
     ("English"): the context to put before a bare (language-forced) response."""
     name = LANGUAGE_NAMES.get(language, language)
     if name not in LANGUAGE_NAMES.values():
@@ -386,7 +386,8 @@ def train_texts(cfg) -> tuple[list[str], list[str]]:
     manifests = resolve_manifests(cfg.data, cfg.paths.output_root)
     utts = read_manifest(manifests.train, on_bad=cfg.data.on_bad_audio,
                          min_duration_s=cfg.data.min_duration_s,
-                         max_duration_s=cfg.data.max_duration_s).utterances
+                         max_duration_s=cfg.data.max_duration_s,
+                         default_language=cfg.data.default_language).utterances
     return [u.text for u in utts], [u.language for u in utts]
 
 

@@ -1,9 +1,12 @@
 """A small tokenizer trained locally on the corpus text, in the Qwen3-ASR prompt format.
 
-Byte-level BPE (so any text encodes, nothing is <unk>), but every CJK character is
-split off on its own before BPE: merges can join the bytes of one character into a
+Byte-level BPE (so any text in any script encodes, nothing is <unk>), but every
+character of a script written without spaces (Chinese characters, Japanese kana, Thai)
+is split off on its own before BPE: merges can join the bytes of one character into a
 token, never several characters into a phrase. A first trial without that split
 merged whole Chinese phrases into single tokens and the model could not learn them.
+Spaced scripts (Latin, Cyrillic, Greek, Arabic, Hangul, ...) merge within words as
+usual.
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from typing import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from asr_grpo.data.languages import language
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -36,8 +41,9 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}<|im_start|>{{ 'assistant\\n' }}{%- endif -%}"
 )
 
-# CJK Unified Ideographs (+ extension A) and CJK punctuation/full-width forms.
-_CJK_CHAR = r"[\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]"
+# CJK Unified Ideographs (+ extension A), CJK punctuation/full-width forms, Hiragana,
+# Katakana (+ phonetic extensions) and Thai: scripts without spaces between words.
+_CJK_CHAR = r"[\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef\u3040-\u30ff\u31f0-\u31ff\u0e00-\u0e7f]"
 
 
 def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
@@ -47,8 +53,10 @@ def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
     ])
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Train the BPE on `texts` (corpus transcripts plus the prompt vocabulary)."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int,
+                    languages: Iterable[str] = ("en", "zh")) -> PreTrainedTokenizerFast:
+    """Train the BPE on `texts` (corpus transcripts plus the prompt vocabulary: the
+    `language <Name>` prefix of each code in `languages`)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = _pre_tokenizer()
     tok.decoder = decoders.ByteLevel()
@@ -59,7 +67,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
         show_progress=False,
     )
     # The fixed prompt words ("language English", roles) are added so they tokenize compactly.
-    prompt_words = ["language English", "language Chinese", "language None", "system", "user", "assistant"]
+    names = [language(code).name for code in dict.fromkeys(languages)]
+    prompt_words = [f"language {name}" for name in names] + ["language None", "system", "user", "assistant"]
     tok.train_from_iterator(list(texts) + prompt_words * 50, trainer=trainer)
     return wrap_tokenizer(tok)
 

@@ -29,10 +29,11 @@ from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
 from asr_grpo.distributed.role_group import RoleGroup
 from asr_grpo.experience.maker import ExperienceMaker, split_even
 from asr_grpo.experience.prompts import PromptSampler, build_group
-from asr_grpo.models import is_complete_checkpoint, load_processor
+from asr_grpo.models import load_processor
 from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.models.text_lm import ensure_text_lm
 from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
+from asr_grpo.recipes.start_checkpoint import prepare_start_checkpoint
 from asr_grpo.rewards.text import error_rates_by_language
 from asr_grpo.tracking import MlflowRun
 from asr_grpo.workers.critic import CriticRole
@@ -43,18 +44,6 @@ from asr_grpo.workers.reward_model import RewardModelRole
 from asr_grpo.workers.rollout import rollout_ranks, rollout_role_spec, sync_backend
 
 log = logging.getLogger(__name__)
-
-
-def ensure_sft_checkpoint(cfg: RunConfig | DictConfig) -> None:
-    """The default model.path is the SFT checkpoint: build it (corpus + SFT) when missing."""
-    if is_complete_checkpoint(cfg.model.path):
-        return
-    if Path(cfg.model.path).resolve() != Path(cfg.sft.output_dir).resolve():
-        raise FileNotFoundError(f"model.path={cfg.model.path} is not a complete HF checkpoint folder")
-    log.info("no SFT checkpoint at %s: building the corpus and running SFT first", cfg.model.path)
-    from asr_grpo.recipes.sft import run_sft
-
-    run_sft(cfg)
 
 
 def optimizer_steps_per_rl_step(cfg) -> int:
@@ -93,7 +82,7 @@ class RLRecipe:
         counts["rollout"] = rollout_ranks(cfg)
         self.separate_rollout = counts["rollout"] > 0
         self.plan = plan_placement(cfg.placement, counts)   # fails here, before Ray starts
-        ensure_sft_checkpoint(cfg)
+        cfg.model.path = prepare_start_checkpoint(cfg)   # what every role loads
         if use_lm:
             ensure_text_lm(cfg)   # trained on the corpus text once, then cached
         self.processor = load_processor(cfg.model.path)
@@ -280,7 +269,7 @@ class RLRecipe:
         if self.critic is not None:
             refs += self.critic.call("save", str(staging / "critic_ds"), "state")
         ray.get(refs)
-        return ckpt.commit(out, staging, step, state)
+        return ckpt.commit(out, staging, step, state, keep_last=self.cfg.trainer.keep_last)
 
     def resume(self) -> dict | None:
         if Path(self.cfg.trainer.output_dir).is_dir():

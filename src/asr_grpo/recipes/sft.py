@@ -22,12 +22,12 @@ from asr_grpo.evaluation import evaluate_dataset
 from asr_grpo.models import (
     IGNORE_INDEX,
     audio_encoder,
-    build_model,
-    build_processor,
+    checkpoint_problem,
     encode_supervised,
+    fresh_model,
+    load_model,
     parameter_counts,
     save_hf_checkpoint,
-    train_tokenizer,
 )
 from asr_grpo.recipes.batching import length_grouped_batches
 from asr_grpo.tracking import MlflowRun
@@ -88,6 +88,14 @@ def set_frontend_memory_format(model, memory_format: torch.memory_format) -> Non
         conv.to(memory_format=memory_format)
 
 
+def starts_from_checkpoint(cfg) -> bool:
+    """SFT fine-tunes `model.path` when one is given, other than its own output folder
+    (the RL config points `model.path` there: SFT then builds that checkpoint)."""
+    path = cfg.model.path
+    return bool(path) and cfg.model.init == "pretrained" and \
+        Path(path).resolve() != Path(cfg.sft.output_dir).resolve()
+
+
 class SFTRecipe:
     def __init__(self, cfg: RunConfig | DictConfig):
         self.cfg = cfg
@@ -101,16 +109,23 @@ class SFTRecipe:
         manifests = resolve_manifests(cfg.data, self.output_root)
         self.train_set = AsrDataset(manifests.train, cfg.data)
         self.dev_set = AsrDataset(manifests.dev, cfg.data)
-        texts = [u.text for u in self.train_set.utterances]
-        self.tokenizer = train_tokenizer(texts, cfg.model.tokenizer_vocab_size)
-        self.processor = build_processor(self.tokenizer)
-        self.model = build_model(cfg.model, self.tokenizer, seed=cfg.sft.seed)
+        if starts_from_checkpoint(cfg):   # fine-tune a checkpoint, tokenizer included
+            problem = checkpoint_problem(cfg.model.path)
+            if problem is not None:
+                raise FileNotFoundError(f"model.path={cfg.model.path}: {problem}")
+            self.model, self.processor = load_model(cfg.model.path, cfg.model.dtype)
+        else:
+            utts = self.train_set.utterances
+            self.model, self.processor = fresh_model(cfg.model, [u.text for u in utts], seed=cfg.sft.seed,
+                                                     languages=[u.language for u in utts])
+        self.tokenizer = self.processor.tokenizer
         self.model.train()
         set_frontend_memory_format(self.model, torch.channels_last)
         self.counts = parameter_counts(self.model)
         self.eos_id = self.tokenizer.eos_token_id
         needs_ctc = cfg.sft.ctc_weight > 0 or cfg.sft.ctc_warmup_steps > 0
-        self.ctc = CTCHead(cfg.model.text_hidden, len(self.tokenizer)) if needs_ctc else None
+        frame_dim = self.model.config.audio_config.output_dim   # the adapter's output: the LM's width
+        self.ctc = CTCHead(frame_dim, len(self.tokenizer)) if needs_ctc else None
         self.params = list(self.model.parameters()) + (list(self.ctc.parameters()) if self.ctc else [])
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
         self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(

@@ -11,7 +11,7 @@ point `reward.reward_file` at your copy. The toolkit calls
 
 with queries[i] = decoded prompt + response, prompts[i] = decoded prompt and
 labels[i] = reference transcript, and in kwargs: responses (response text, EOS
-stripped), languages ("en" | "zh"), keywords (list of lists), finish_reasons
+stripped), languages (codes: "en", "zh", "de", ...), keywords (list of lists), finish_reasons
 ("stop" | "length"), weights ({component: weight}; defaults if absent) and, optional,
 lm_scores (one float in [0, 1] per sample, or None/absent: the text LM's fluency of
 each response, see asr_grpo.models.text_lm; `reward.smoothness_scorer: lm`).

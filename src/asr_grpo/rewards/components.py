@@ -4,16 +4,21 @@ Formulas (all text is first passed through `normalize_text`):
 
 - cer         = clip(1 - CER(transcript, reference), 0, 1)
 - keyword     = |{k in keywords : k found in transcript}| / |keywords|, over distinct
-                non-empty normalised keywords; English keywords must match whole words,
-                Chinese ones are substrings. No keywords -> 1.0 (nothing to miss, so an
+                non-empty normalised keywords; in spaced languages (English, German, ...)
+                keywords must match whole words, in unspaced ones (Chinese, Japanese,
+                Thai, ...) they are substrings. No keywords -> 1.0 (nothing to miss, so an
                 utterance without keywords neither gains nor loses against one with them).
 - language    = script_share * (TAG_MISMATCH_FACTOR if a declared language name is
                 given and differs from the utterance's language else 1), where
-                script_share = (# CJK characters for zh | # Latin letters for en) /
-                (# letters of any script). No letters (e.g. empty) -> 0.
+                script_share = (# letters in the utterance language's own scripts) /
+                (# letters of any script), scripts from the letters' Unicode names
+                (`asr_grpo.data.languages`: Latin for en/de/fr/..., Cyrillic for ru,
+                CJK + Hiragana + Katakana for ja, CJK for zh, Thai, Hangul, ...). No
+                letters (e.g. empty) -> 0. Languages that share a script (German and
+                English) are told apart only by the declared tag.
 - smoothness  = repetition * length * truncation, with
                 repetition = 1 - max(0, rep(hyp) - rep(ref)), rep(x) = share of the
-                    REPEAT_NGRAM-grams of x's word units (English words, Chinese
+                    REPEAT_NGRAM-grams of x's word units (words; in Chinese, Japanese, Thai
                     characters) that repeat an earlier one; subtracting the reference's
                     own rep leaves legitimate repetition ("no no no") unpunished, while
                     a loop drives rep towards 1;
@@ -31,7 +36,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from asr_grpo.rewards.text import CJK_RE, LANGUAGE_NAMES, LATIN_RE, check_language, normalize_text, utterance_cer, words
+from asr_grpo.data.languages import language as language_info
+from asr_grpo.data.languages import script_share
+from asr_grpo.rewards.text import normalize_text, utterance_cer, words
 
 TAG_MISMATCH_FACTOR = 0.5
 REPEAT_NGRAM = 3
@@ -54,21 +61,17 @@ def keyword_recall(transcript: str, keywords: Sequence[str], language: str) -> f
     if not wanted:
         return 1.0
     text = normalize_text(transcript, language)
-    if language == "en":    # pad with spaces so "cat" does not match inside "catalog"
+    if not language_info(language).unspaced:   # pad so "cat" does not match inside "catalog"
         text, wanted = f" {text} ", {f" {k} " for k in wanted}
     return sum(k in text for k in wanted) / len(wanted)
 
 
 def language_consistency(transcript: str, language: str,
                          predicted_language_name: str | None = None) -> float:
-    check_language(language)
-    letters = [c for c in normalize_text(transcript, language) if c.isalpha()]
-    if not letters:
-        return 0.0
-    script = CJK_RE if language == "zh" else LATIN_RE
-    share = sum(bool(script.match(c)) for c in letters) / len(letters)
+    name = language_info(language).name
+    share = script_share(normalize_text(transcript, language), language)
     declared = predicted_language_name
-    if declared is not None and declared.lower() != LANGUAGE_NAMES[language].lower():
+    if declared is not None and declared.lower() != name.lower():
         share *= TAG_MISMATCH_FACTOR
     return share
 
@@ -97,7 +100,7 @@ class RewardSample:
     """Everything a component may look at for one sampled response."""
     transcript: str                       # parsed from the response
     reference: str
-    language: str                         # utterance language code ("en" | "zh")
+    language: str                         # utterance language code ("en", "de", "zh", ...)
     keywords: Sequence[str] = field(default_factory=tuple)
     declared_language: str | None = None  # language name the response declared, if any
     finish_reason: str = "stop"           # "stop" (EOS) | "length" (hit the token cap)

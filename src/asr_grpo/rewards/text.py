@@ -4,16 +4,25 @@ normalising transcripts, and corpus / per-utterance error rates.
 This module is the project's one definition of CER/WER: the SFT evaluator, the RL eval
 loop and the CER reward all call it, so a number in MLflow means the same everywhere.
 
-Scoring units (after `normalize_text`):
-- CER, English: characters, single spaces between words included (a missing word
+Any language of `asr_grpo.data.languages.LANGUAGES` (Qwen3-ASR's 30); how a text is
+scored depends on whether the language separates its words by spaces:
+
+- Normalisation (`normalize_text`), every language: NFKC, case folded (German ß and
+  ss are one spelling), apostrophes dropped, punctuation and symbols turned into
+  spaces, whitespace collapsed. Letters and combining marks (accents, umlauts, Thai
+  and Devanagari vowel signs) are kept: "Bär" and "Bar" differ.
+- Spaced languages (English, German, Russian, Arabic, Korean, ...):
+  CER counts characters, single spaces between words included (a missing word
   boundary is an error a reader sees); jiwer's plain `cer` would also count
   punctuation and repeated spaces, which normalisation removes first.
-- CER, Chinese: characters; spaces next to a CJK character are removed, so only
-  spaces between embedded Latin words remain (and count, as in English).
-- WER, English: whitespace-separated words.
-- WER, Chinese: each CJK character is a word, each embedded Latin word is a word (a
-  "mixed error rate"); WER on unsegmented Chinese would otherwise score whole
-  sentences as one word.
+  WER counts whitespace-separated words.
+- Unspaced languages (Chinese, Cantonese, Japanese, Thai): spaces next to a character
+  of the language's own script (CJK; CJK, Hiragana, Katakana; Thai) are removed,
+  so only spaces between embedded Latin words remain (and count, as above). CER
+  counts characters. A word error rate is meaningless without word boundaries
+  (unsegmented text would score whole sentences as one word), so "WER" for these
+  languages is the mixed error rate: each character of the language's script is a
+  unit, each embedded Latin word (or number) is one unit.
 - An empty reference has no length to divide by: its error rate is 0.0 when the
   hypothesis is empty too, else 1.0 (the hypothesis is all insertions; capped so one
   such utterance cannot dominate). At corpus level, empty references add their
@@ -25,17 +34,16 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import defaultdict
+from functools import lru_cache
 
 import jiwer
 
-LANGUAGE_NAMES: dict[str, str] = {"en": "English", "zh": "Chinese"}
-LANGUAGE_CODES: dict[str, str] = {name: code for code, name in LANGUAGE_NAMES.items()}
+from asr_grpo.data.languages import LANGUAGE_CODES, LANGUAGE_NAMES, Language, script_of
+from asr_grpo.data.languages import language as language_info
 
-# CJK Unified Ideographs (+ Extension A/B and compatibility ideographs).
-CJK_CLASS = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df"
-CJK_RE = re.compile(f"[{CJK_CLASS}]")
-# Latin letters: ASCII plus Latin-1 Supplement / Extended-A/B letters (accented names).
-LATIN_RE = re.compile("[a-zA-Z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f]")
+__all__ = ["LANGUAGE_CODES", "LANGUAGE_NAMES", "char_error_rate", "check_language",
+           "error_rates_by_language", "normalize_text", "split_asr_output", "utterance_cer",
+           "word_error_rate", "words"]
 
 # `<prefix>language X<asr_text><transcript>`; the prefix is tolerated (garbage before
 # the tag is the model's problem, the transcript after it is still what it said).
@@ -48,15 +56,17 @@ _LEADING_DECL_RE = re.compile(
 
 _APOSTROPHES_RE = re.compile("['\u2019\u02bc]")
 _SPACES_RE = re.compile(r"\s+")
-_CJK_SPACE_RE = re.compile(f"(?<=[{CJK_CLASS}]) | (?=[{CJK_CLASS}])")
-_UNIT_RE = re.compile(f"[{CJK_CLASS}]|[^\\s{CJK_CLASS}]+")
+
+_script = lru_cache(maxsize=1 << 16)(script_of)
 
 
 def check_language(language: str) -> str:
-    if language not in LANGUAGE_NAMES:
-        raise ValueError(
-            f"unknown language code {language!r}; known: {sorted(LANGUAGE_NAMES)}")
-    return language
+    """`language` if it is a known code; ValueError naming the known codes otherwise."""
+    return language_info(language).code
+
+
+def _own_script(ch: str, lang: Language) -> bool:
+    return _script(ch) in lang.scripts
 
 
 def split_asr_output(response: str) -> tuple[str | None, str]:
@@ -76,22 +86,38 @@ def split_asr_output(response: str) -> tuple[str | None, str]:
 
 
 def normalize_text(text: str, language: str) -> str:
-    """NFKC, lowercase, punctuation and symbols removed, whitespace collapsed; for
-    Chinese, spaces next to CJK characters are dropped (Latin words keep theirs)."""
-    check_language(language)
-    text = unicodedata.normalize("NFKC", text).lower()
+    """NFKC, case folded, punctuation and symbols removed, whitespace collapsed; for an
+    unspaced language (Chinese, Japanese, Thai, ...) spaces next to a character of its
+    script are dropped (embedded Latin words keep theirs)."""
+    lang = language_info(language)
+    text = unicodedata.normalize("NFKC", text).casefold()
     text = _APOSTROPHES_RE.sub("", text)     # "don't" == "dont", not "don t"
     text = "".join(" " if unicodedata.category(c)[0] in "PS" else c for c in text)
     text = _SPACES_RE.sub(" ", text).strip()
-    if language == "zh":
-        text = _CJK_SPACE_RE.sub("", text)
+    if lang.unspaced and " " in text:       # stripped: a space has a character either side
+        text = "".join(c for i, c in enumerate(text) if c != " " or not (
+            _own_script(text[i - 1], lang) or _own_script(text[i + 1], lang)))
     return text
 
 
 def words(normalized: str, language: str) -> list[str]:
-    """Word units of a normalised text: English words; for Chinese each CJK character
-    and each embedded Latin word."""
-    return normalized.split() if language == "en" else _UNIT_RE.findall(normalized)
+    """Word units of a normalised text: whitespace-separated words; for an unspaced
+    language each character of its script and each embedded Latin word (or number)."""
+    lang = language_info(language)
+    if not lang.unspaced:
+        return normalized.split()
+    units, run = [], ""
+    for c in normalized:
+        own = _own_script(c, lang)
+        if c.isspace() or own:
+            if run:
+                units.append(run)
+                run = ""
+            if own:
+                units.append(c)
+        else:
+            run += c
+    return units + ([run] if run else [])
 
 
 def _check_lengths(hyps, refs, languages) -> None:
@@ -129,7 +155,7 @@ def char_error_rate(hyps: list[str], refs: list[str], languages: list[str]) -> f
 
 
 def word_error_rate(hyps: list[str], refs: list[str], languages: list[str]) -> float:
-    """Corpus WER (mixed error rate for Chinese, see module doc)."""
+    """Corpus WER (the mixed error rate for unspaced languages, see module doc)."""
     return _rate(*_error_counts(hyps, refs, languages, "word"))
 
 
@@ -142,7 +168,9 @@ def error_rates_by_language(hyps: list[str], refs: list[str],
                             languages: list[str]) -> dict[str, float]:
     """{"cer", "wer", "n"} over the whole corpus plus "cer/<code>", "wer/<code>",
     "n/<code>" for each language present (absent languages are left out rather than
-    reported as NaN)."""
+    reported as NaN). Each utterance is scored in its own language's units, so the
+    corpus "wer" pools words of spaced languages with the character units of unspaced
+    ones (module doc)."""
     _check_lengths(hyps, refs, languages)
     out: dict[str, float] = {"cer": char_error_rate(hyps, refs, languages),
                              "wer": word_error_rate(hyps, refs, languages),

@@ -42,7 +42,7 @@ class HFChunkedEngine(SequencePool):
                  suppress_token_ids: Sequence[int] = ()):
         super().__init__(sampling.max_new_tokens, {int(t) for t in eos_token_ids})
         self.model = model
-        self.suppress = torch.as_tensor(list(suppress_token_ids), dtype=torch.long)
+        self.suppress = torch.as_tensor(list(suppress_token_ids), dtype=torch.long)   # goes to the logits' device
         self.pad_id = pad_token_id
         self.sampling = sampling
         self.max_batch_size = max_batch_size
@@ -74,7 +74,7 @@ class HFChunkedEngine(SequencePool):
             kv = KVBatch(forward, self.pad_id)
             # The samples of one prompt share its prefill (audio encoder included).
             kv.prefill_shared([s.request.prompt_ids for s in rows], [s.request.features for s in rows],
-                              [s.tokens for s in rows])
+                              [s.tokens for s in rows], outputs=False)
             prompts = {(id(s.request.features), len(s.request.prompt_ids)) for s in rows}
             tokens += sum(n for _, n in prompts) + sum(len(s.tokens) for s in rows)
             self._running.append(_Running(kv, rows))
@@ -87,7 +87,11 @@ class HFChunkedEngine(SequencePool):
         if not active:
             return 0
         seqs = [run.rows[i] for i in active]
-        tokens, logprobs = sample_tokens(run.kv.last[active], sp.temperature, sp.top_p, sp.seed,
+        # Sampled where the logits are (the model's device); only B ids and log-probs come back.
+        # (On CPU the moves are no-ops: the CUDA path is not exercised by the CPU tests.)
+        logits = run.kv.last[active]
+        self.suppress = self.suppress.to(logits.device)
+        tokens, logprobs = sample_tokens(logits, sp.temperature, sp.top_p, sp.seed,
                                          suppress=self.suppress, uids=[s.request.uid for s in seqs],
                                          positions=[len(s.tokens) for s in seqs])
         new: list[list[int]] = [[] for _ in run.rows]
@@ -95,6 +99,6 @@ class HFChunkedEngine(SequencePool):
             if self._append(s, tok, lp, quota):
                 new[i] = [tok]   # a finished row needs no further forward
         if any(new):
-            run.kv.extend(new)
+            run.kv.extend(new, outputs=False)
             run.compact()
         return len(active)

@@ -67,7 +67,8 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, seed: 
     """
     logits = logits.float()
     scaled = logits / temperature if temperature > 0.0 else logits
-    allowed = scaled if suppress is None or not len(suppress) else scaled.index_fill(-1, suppress, float("-inf"))
+    allowed = scaled if suppress is None or not len(suppress) else scaled.index_fill(
+        -1, suppress.to(scaled.device), float("-inf"))
     if temperature <= 0.0:
         tokens = allowed.argmax(dim=-1)
         return tokens, scaled.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)

@@ -9,10 +9,11 @@ from asr_grpo.tracking.report import best_run, build_report
 from asr_grpo.tracking.selection import SAFE_TAG, SelectionError, open_store, select_runs
 
 
-def compare(cfg) -> dict:
+def compare(cfg, package_model=None) -> dict:
     """Select the runs, write `report.md`, `report.csv`, `runs.csv`, `report.json` and the
     PNG plots to the output folder, log them to MLflow, register the best run's
-    checkpoint; `cfg` is a CompareConfig. Returns what was written and logged."""
+    checkpoint (wrapped by `package_model(hf_dir, folder)` into an MLflow model, when
+    given); `cfg` is a CompareConfig. Returns what was written and logged."""
     import json
 
     from asr_grpo.tracking.plots import write_plots
@@ -36,7 +37,7 @@ def compare(cfg) -> dict:
               "files": [str(f) for f in files], "table": table, "report": report}
     best = best_run(report)
     if cfg.register_best and best is not None:
-        result["best"] = log_best_checkpoint(client, best, cfg.model_name, selection)
+        result["best"] = log_best_checkpoint(client, best, cfg.model_name, selection, package_model)
     if cfg.log_to_mlflow:
         result["logged_to_run"] = log_report(client, selection, out)
     return result

@@ -75,9 +75,10 @@ def join_process_group() -> int:
 # A step runs in phases, and what runs side by side differs per phase: the policy decodes
 # and evaluates alone ("solo"), trains beside the critic if there is one ("train"), and
 # scores beside the reference, critic and reward model ("shared"; streaming scorers run
-# beside the decode). Role actors reserve no cores (num_cpus=0, so Ray sets
-# OMP_NUM_THREADS=1 in them): with trainer.num_threads=auto each call takes the node's
-# cores divided by the ranks running side by side in its phase. A thread team is fragile
+# beside the decode). Model roles reserve no cores by default (placement.role_cpus: num_cpus=0,
+# so Ray sets OMP_NUM_THREADS=1 in them): with trainer.num_threads=auto each call takes the
+# node's cores divided by the ranks running side by side in its phase (a role given N >= 1
+# CPUs runs N threads in every phase). A thread team is fragile
 # when other jobs share the cores unless OpenMP stops spin-waiting soon: libgomp reads
 # GOMP_SPINCOUNT / OMP_WAIT_POLICY at start-up only, so they must be in the actor's
 # environment (bench/results/thread_phases.json).
@@ -103,7 +104,7 @@ def _ray_node_cpus() -> int:
 
 
 def reserved_cpus() -> int:
-    """CPUs Ray reserved for this actor (0: none; role actors run with num_cpus=0)."""
+    """CPUs Ray reserved for this actor (0: none, the model roles' default placement.role_cpus)."""
     import ray
 
     return int(ray.get_runtime_context().get_assigned_resources().get("CPU", 0)) if ray.is_initialized() else 0

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
+from asr_grpo.distributed.deepspeed_strategy import TrainingEngine, trained_precision
 from asr_grpo.experience.losses import critic_loss
 from asr_grpo.experience.types import ExperienceItem, SequenceRef
 from asr_grpo.models import load_processor
@@ -24,8 +24,10 @@ class CriticRole(ModelRole, StreamScoringRole):
         join_process_group()
         model = ValueModel.from_pretrained(self.cfg.model.path, self.cfg.model.freeze_audio_encoder)
         self.pad_id = load_processor(self.cfg.model.path).tokenizer.pad_token_id
+        # Loaded in fp32; bfloat16 trains in DeepSpeed's bf16 mode, as the policy does.
         self.train_engine = TrainingEngine(model, self.engine_trainer_cfg(), lr=self.cfg.trainer.critic_lr,
-                                           num_training_steps=optimizer_steps)
+                                           num_training_steps=optimizer_steps,
+                                           bf16=trained_precision(self.cfg.model.dtype)[1])
         self.start_streaming(lambda: value_forward(self.train_engine.module), identity_score)
 
     @contextlib.contextmanager

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
+from asr_grpo.distributed.deepspeed_strategy import TrainingEngine, trained_precision
 from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_model
 from asr_grpo.evaluation import transcribe
 from asr_grpo.experience.losses import actor_loss
@@ -24,10 +24,12 @@ class PolicyRole(ModelRole, RolloutHost):
         super().__init__(cfg)
         rank = join_process_group()
         self.rank = rank
-        model, self.processor = load_model(self.cfg.model.path, self.cfg.model.dtype)
+        # bfloat16: fp32 weights into DeepSpeed's bf16 mode (bf16 compute, fp32 master weights).
+        load_dtype, bf16 = trained_precision(self.cfg.model.dtype)
+        model, self.processor = load_model(self.cfg.model.path, load_dtype)
         set_audio_encoder_frozen(model, self.cfg.model.freeze_audio_encoder)
         self.train_engine = TrainingEngine(model, self.engine_trainer_cfg(), lr=self.cfg.trainer.lr,
-                                           num_training_steps=optimizer_steps)
+                                           num_training_steps=optimizer_steps, bf16=bf16)
         tok = self.processor.tokenizer
         self.pad_id = tok.pad_token_id
         self.sync: WeightSyncGroup | None = None

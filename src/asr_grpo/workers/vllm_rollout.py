@@ -33,7 +33,7 @@ def engine_plan(plan: PlacementPlan, tensor_parallel_size: int) -> tuple[Placeme
     bundles = [[s.bundle_index for s in g] for g in groups]
     if tp == 1:
         return plan, bundles
-    engines = tuple(Slot("rollout", e, g[0].bundle_index, 0.0) for e, g in enumerate(groups))
+    engines = tuple(Slot("rollout", e, g[0].bundle_index, 0.0, g[0].num_cpus) for e, g in enumerate(groups))
     return dataclasses.replace(plan, slots={**plan.slots, "rollout": engines}), bundles
 
 
