@@ -11,18 +11,34 @@ import numpy as np
 import torch
 from transformers import BatchFeature
 
+from asr_grpo.data.languages import canonical_code, language
 from asr_grpo.models.tokenizer import ASR_TEXT, IM_END
 
 IGNORE_INDEX = -100
+# The chat template renders an audio item as one placeholder token; its samples are unused.
+_PLACEHOLDER_AUDIO = np.zeros(1600, dtype=np.float32)
 
 
 def transcription_prompts(processor, num: int, languages: Sequence[str] | None,
                           context: Sequence[str | None] | None = None) -> list[str]:
-    """Prompt strings (audio placeholder not yet expanded), one per utterance."""
-    dummy_audio = [np.zeros(1600, dtype=np.float32)] * num
-    return processor.apply_transcription_request(
-        dummy_audio, language=list(languages) if languages is not None else None,
-        prompt=list(context) if context is not None else None, tokenize=False)
+    """Prompt strings (audio placeholder not yet expanded), one per utterance.
+
+    The conversation `Qwen3ASRProcessor.apply_transcription_request` builds (context in a
+    system turn, the audio in the user turn, the assistant turn prefilled with `language
+    <Name><asr_text>` to force the language), rendered by the processor's chat template.
+    Built here rather than through that method, which renders strings only from
+    transformers 5.24 on (`tokenize=False`; 5.19 always tokenizes).
+    """
+    conversations = []
+    for i in range(num):
+        messages = []
+        if context is not None and context[i] is not None:
+            messages.append({"role": "system", "content": [{"type": "text", "text": context[i]}]})
+        messages.append({"role": "user", "content": [{"type": "audio", "audio": _PLACEHOLDER_AUDIO}]})
+        prefill = f"language {language(canonical_code(languages[i])).name}<asr_text>" if languages is not None else ""
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": prefill}]})
+        conversations.append(messages)
+    return processor.apply_chat_template(conversations, tokenize=False, continue_final_message=True)
 
 
 def encode_requests(processor, audios: Sequence[np.ndarray], languages: Sequence[str] | None,
