@@ -189,13 +189,9 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     checkpointing, non-reentrant: it works with the frozen audio encoder, whose inputs
     need no grad). Only in training mode with grad on: a no-grad forward (rollout,
     scoring) still runs with its KV cache."""
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):   # transformers >= 5.x's name
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    elif hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    else:
-        raise TypeError(f"trainer.gradient_checkpointing: {type(model).__name__} supports no gradient checkpointing")
+    from asr_grpo.models.hf_compat import enable_checkpointing
+
+    enable_checkpointing(model, use_reentrant=False)
 
 
 class TrainingEngine:

@@ -6,6 +6,7 @@ import torch
 from transformers import Qwen3ASRForConditionalGeneration
 
 from asr_grpo.models.builder import set_audio_encoder_frozen
+from asr_grpo.models.hf_compat import enable_checkpointing, output_cache, with_cache
 from asr_grpo.models.kv_batch import ForwardFn
 from asr_grpo.models.sequences import SequenceBatch, on_model_device
 
@@ -29,9 +30,9 @@ class ValueModel(torch.nn.Module):
     def audio_tower(self):
         return self.backbone.audio_tower
 
-    def activation_checkpointing_enable(self, **kwargs) -> None:
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None) -> None:
         """The backbone's (HF) gradient checkpointing; the value head is one linear layer."""
-        self.backbone.activation_checkpointing_enable(**kwargs)
+        enable_checkpointing(self.backbone, **(activation_checkpointing_kwargs or {}))
 
     def forward(self, **inputs) -> torch.Tensor:
         hidden = self.backbone(**inputs, use_cache=False).last_hidden_state
@@ -49,9 +50,9 @@ def value_forward(model: ValueModel) -> ForwardFn:
     """Values at the kept positions, with the backbone's KV cache (for streaming
     scoring; see `ForwardFn`)."""
     def forward(cache=None, keep=None, **inputs):
-        out = model.backbone(**on_model_device(model, inputs), cache=cache, use_cache=True)
+        out = model.backbone(**with_cache(on_model_device(model, inputs), cache), use_cache=True)
         hidden = out.last_hidden_state
         if keep is not None:
             hidden = hidden[keep.to(hidden.device)]
-        return model.value_head(hidden).squeeze(-1), out.cache
+        return model.value_head(hidden).squeeze(-1), output_cache(out)
     return forward

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from asr_grpo.models.hf_compat import keep_kwargs, output_cache, pick_kept, with_cache
 from asr_grpo.models.sequences import AudioFeatures, on_model_device, positions_from_mask, stack_features
 
 # forward(input_ids, attention_mask, position_ids, cache, keep, [input_features, input_features_mask])
@@ -36,12 +37,14 @@ ScoreFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def causal_lm_forward(model) -> ForwardFn:
     """Logits of a (speech) causal LM, with its KV cache; only the kept positions go
-    through the LM head (`logits_to_keep`, which takes a bool [B, L] mask)."""
+    through the LM head (`logits_to_keep`; see `hf_compat.keep_kwargs`)."""
     def forward(cache=None, keep=None, **inputs):
+        picks = None
         if keep is not None:
-            inputs["logits_to_keep"] = keep
-        out = model(**on_model_device(model, inputs), cache=cache, use_cache=True)
-        return out.logits, out.cache
+            extra, picks = keep_kwargs(keep)
+            inputs.update(extra)
+        out = model(**with_cache(on_model_device(model, inputs), cache), use_cache=True)
+        return pick_kept(out.logits, picks), output_cache(out)
     return forward
 
 
