@@ -1,0 +1,1 @@
+"""Test-harness stub, not torchvision."""

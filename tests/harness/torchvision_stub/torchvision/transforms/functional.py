@@ -1,0 +1,3 @@
+"""Test-harness stub, not torchvision."""
+def pil_to_tensor(*a, **k):
+    raise NotImplementedError("torchvision stub")
