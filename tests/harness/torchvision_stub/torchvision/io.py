@@ -1,5 +1,7 @@
 """Test-harness stub, not torchvision."""
 import enum
+
+
 class ImageReadMode(enum.Enum):
     UNCHANGED = 0
     RGB = 3

@@ -1,5 +1,7 @@
 """Test-harness stub, not torchvision."""
 import enum
+
+
 class InterpolationMode(enum.Enum):
     NEAREST = "nearest"
     NEAREST_EXACT = "nearest-exact"
