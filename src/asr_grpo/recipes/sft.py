@@ -88,12 +88,15 @@ def set_frontend_memory_format(model, memory_format: torch.memory_format) -> Non
         conv.to(memory_format=memory_format)
 
 
+def is_sft_output(cfg) -> bool:
+    """`model.path` names SFT's own output folder (the RL config's default)."""
+    return bool(cfg.model.path) and Path(cfg.model.path).resolve() == Path(cfg.sft.output_dir).resolve()
+
+
 def starts_from_checkpoint(cfg) -> bool:
     """SFT fine-tunes `model.path` when one is given, other than its own output folder
     (the RL config points `model.path` there: SFT then builds that checkpoint)."""
-    path = cfg.model.path
-    return bool(path) and cfg.model.init == "pretrained" and \
-        Path(path).resolve() != Path(cfg.sft.output_dir).resolve()
+    return bool(cfg.model.path) and cfg.model.init == "pretrained" and not is_sft_output(cfg)
 
 
 class SFTRecipe:

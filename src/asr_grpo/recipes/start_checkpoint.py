@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from asr_grpo.data import AsrDataset, resolve_manifests
 from asr_grpo.models import checkpoint_problem, fresh_model, is_complete_checkpoint, save_hf_checkpoint
+from asr_grpo.recipes.sft import is_sft_output, run_sft
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,8 @@ def prepare_start_checkpoint(cfg) -> str:
     problem = checkpoint_problem(cfg.model.path)
     if problem is None:
         return str(cfg.model.path)
-    if not cfg.model.path or Path(cfg.model.path).resolve() != Path(cfg.sft.output_dir).resolve():
+    if not is_sft_output(cfg):
         raise FileNotFoundError(f"model.path={cfg.model.path!r}: {problem}")
     log.info("no SFT checkpoint at %s: building the corpus and running SFT first", cfg.model.path)
-    from asr_grpo.recipes.sft import run_sft
-
     run_sft(cfg)   # model.path is SFT's own output folder: it starts from fresh weights
     return str(cfg.model.path)
