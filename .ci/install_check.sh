@@ -10,16 +10,8 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python3}
 TORCH=${TORCH:-torch==2.13.0}
-export PIP_DISABLE_PIP_VERSION_CHECK=1 RAY_USAGE_STATS_ENABLED=0
-unset PYTHONPATH VIRTUAL_ENV RAY_ADDRESS   # nothing of the repository's venv, no cluster
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/asr-grpo-install.XXXXXX")
-cleanup() { if [[ "${KEEP:-0}" == 1 ]]; then echo "install check: kept $WORK"; else rm -rf "$WORK"; fi; }
-trap cleanup EXIT
-# DeepSpeed JIT-builds its CPU comm op per interpreter path: keep that build in the temp
-# folder, or it would replace the repository venv's cached one (and be rebuilt there next).
-export TORCH_EXTENSIONS_DIR="$WORK/torch_extensions"
-t0=$SECONDS
-step() { echo "install check [$((SECONDS - t0)) s]: $*"; }
+source "$REPO/.ci/common.sh"
+ci_workdir "install check" asr-grpo-install
 
 # A copy of the source tree (what git ships, less the ignored outputs), so the in-tree
 # build's build/ and *.egg-info never land in the repository.

