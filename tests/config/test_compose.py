@@ -79,7 +79,7 @@ def test_schema_rejects_wrong_type_naming_the_key(override, key):
 
 @pytest.mark.parametrize("key,options", [
     ("overlap.mode", "none, intra, inter, oppo"),
-    ("overlap.controller", "cost_model, trial"),
+    ("overlap.controller", "cost_model, trial, fixed"),
     ("algorithm.advantage_estimator", "group_norm, rloo, reinforce_baseline, gae"),
     ("rollout.engine", "hf, vllm"),
     ("placement.name", "colocate, separate"),

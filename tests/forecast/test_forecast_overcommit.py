@@ -32,7 +32,7 @@ def workload() -> Workload:
 
 
 def speedup(prof: SimProfile, mode: str, **overlap) -> float:
-    cfg = OmegaConf.structured(OverlapConfig(mode="oppo", **overlap))
+    cfg = OmegaConf.structured(OverlapConfig(mode="oppo", **{"controller": "fixed", **overlap}))
     res = simulate(prof, workload(), cfg, ("none", mode), steps=30, warmup=6)
     return res["none"].summary()["step_s"] / res[mode].summary()["step_s"]
 

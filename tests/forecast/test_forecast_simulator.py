@@ -31,7 +31,7 @@ def workload(B: int = 2) -> Workload:
 
 
 def steps(mode: str, k: int = 4, profile: SimProfile | None = None, **overlap) -> list[float]:
-    cfg = OmegaConf.structured(OverlapConfig(mode=mode, **overlap))
+    cfg = OmegaConf.structured(OverlapConfig(mode=mode, **{"controller": "fixed", **overlap}))
     sim = Simulation(profile or constant_profile(), workload(), cfg, mode)
     return [round(r.step_s, 6) for r in sim.run(k)]
 

@@ -140,3 +140,34 @@ def test_extend_with_no_tokens_changes_nothing_and_select_keeps_rows(tiny_model,
     kv.select([3, 1])
     assert torch.equal(kv.last, last[[3, 1]]) and torch.equal(kv.next_pos, pos[[3, 1]])
     assert len(kv) == 2
+
+
+def test_shared_prefill_extends_only_rows_with_a_continuation(tiny_model, tiny_tokenizer, tiny_processor):
+    # A rollout rebuild: fresh samples (no tokens yet) beside carried partial ones. The
+    # continuation extend runs over one row per prompt without a continuation plus the
+    # rows with one (4 here, not 6); every row's outputs still equal one forward pass.
+    pad = tiny_tokenizer.pad_token_id
+    g = torch.Generator().manual_seed(1)
+    vocab = len(tiny_tokenizer)
+    a = encode_prompt(tiny_processor, noise_audio(1.2, 0), "en")
+    b = encode_prompt(tiny_processor, noise_audio(0.8, 1), "zh")
+    owners, firsts = [a, a, a, a, b, b], [0, 0, 3, 0, 0, 1]
+    full = [torch.randint(5, vocab, (k + 2,), generator=g).tolist() for k in firsts]
+    widths = []
+    forward = causal_lm_forward(tiny_model)
+
+    def counting(**inputs):
+        widths.append(inputs["input_ids"].shape[0])
+        return forward(**inputs)
+
+    kv = KVBatch(counting, pad)
+    first = kv.prefill_shared([p for p, _ in owners], [f for _, f in owners], [r[:k] for r, k in zip(full, firsts)])
+    assert widths == [2, 4]   # the two distinct prompts, then the staged extend
+    outs = [first] + [kv.extend([[r[k + j]] for r, k in zip(full, firsts)]) for j in range(2)]
+    batch = pack_sequences([p for p, _ in owners], full, [f for _, f in owners], pad)
+    with torch.no_grad():
+        ref = response_logits(tiny_model, batch)
+    for i, resp in enumerate(full):
+        got = torch.cat([call[i] for call in outs])
+        assert got.shape[0] == len(resp) == firsts[i] + 2
+        torch.testing.assert_close(got, ref[i, :len(resp)], atol=2e-5, rtol=1e-4)

@@ -105,7 +105,9 @@ def observation(step: int, plan: StepPlan, costs: CostProfile, groups) -> StepOb
     decode = sum(s for _, s in rounds.values())
     return StepObservation(step=step, plan=plan, step_s=decode + p.scoring_s + p.training_s + p.fixed_s,
                            rollout_s=decode, scoring_s=p.scoring_s, training_s=p.training_s,
-                           decode_stats={"rounds": rounds}, trained_lengths=trained, samples=32, mean_reward=0.5)
+                           decode_stats={"rounds": rounds, "prefill_tokens": 1000,
+                                         "prefill_seconds": 1000 * costs.prefill_per_token_s},
+                           trained_lengths=trained, samples=32, mean_reward=0.5)
 
 
 @pytest.mark.parametrize("costs,overlaps", [(cpu_like(), False), (gpu_like(), True)])
@@ -125,3 +127,27 @@ def test_planner_warms_up_serial_then_follows_the_costs(costs, overlaps):
     again = make_planner(cfg, prompts_per_step=8, stream_hidden_prior=costs.stream_hidden)
     again.load_state_dict(planner.state_dict())
     assert again.plan(6) == planner.plan(6)
+
+
+@pytest.mark.parametrize("mode,streams,overcommits", [("intra", True, False), ("inter", False, True)])
+def test_each_mode_plans_only_what_it_allows(mode, streams, overcommits):
+    # Where overlap pays (GPU-like costs), intra's planner streams without overcommit and
+    # inter's overcommits without streaming; on CPU-like costs both stay serial.
+    for costs, pays in ((gpu_like(), True), (cpu_like(), False)):
+        cfg = OmegaConf.structured(OverlapConfig(mode=mode, delta_init=4, delta_max=4, cost_model_warmup=3))
+        planner = make_planner(cfg, prompts_per_step=8, stream_hidden_prior=costs.stream_hidden)
+        plans = []
+        for step in range(6):
+            plans.append(planner.plan(step))
+            planner.observe(observation(step, plans[-1], costs, TAILED * 3))
+        late = plans[3:]
+        assert all((p.chunk is not None) == (streams and pays) for p in late), (mode, pays, late)
+        assert all((p.delta > 0) == (overcommits and pays) for p in late), (mode, pays, late)
+
+
+@pytest.mark.parametrize("mode,plan", [("none", (None, 0)), ("intra", (12, 0)), ("inter", (None, 3)),
+                                       ("oppo", (12, 3))])
+def test_fixed_controller_forces_the_configured_chunk_and_delta(mode, plan):
+    cfg = OmegaConf.structured(OverlapConfig(mode=mode, controller="fixed", chunk_size=12, delta_init=3))
+    planner = make_planner(cfg, prompts_per_step=8)
+    assert [(p.chunk, p.delta) for p in map(planner.plan, range(4))] == [plan] * 4

@@ -78,7 +78,8 @@ def prompts():
 
 
 def scheduler(mode: str, hosts: int = 1, scorers=None, resolve=local_resolve, **overlap) -> RolloutScheduler:
-    cfg = OmegaConf.structured(OverlapConfig(mode=mode, **overlap))
+    # Forced chunk and Δ unless a test asks for a planner: what the mechanics do is known.
+    cfg = OmegaConf.structured(OverlapConfig(mode=mode, **{"controller": "fixed", **overlap}))
     return RolloutScheduler(cfg, B, LocalGroup([ScriptedHost() for _ in range(hosts)]), scorers, resolve=resolve)
 
 

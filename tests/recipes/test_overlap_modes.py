@@ -35,7 +35,8 @@ def assert_same_update(root, got: dict, expected: dict, tol: float = 1e-3) -> No
 def first_step(root, mode: str, *overrides: str, name: str = ""):
     """One PPO step (reference, critic and LM reward model all in play) by hand, so the
     experience itself can be compared; returns (rollout, items, metrics, new weights)."""
-    cfg = compose_cfg(root, f"overlap={mode}", "algorithm=ppo", "reward=asr_lm", "overlap.chunk_size=3",
+    cfg = compose_cfg(root, f"overlap={mode}", "overlap.controller=fixed", "algorithm=ppo", "reward=asr_lm",
+                      "overlap.chunk_size=3",
                       "algorithm.max_new_tokens=20", "trainer.lr_warmup_steps=0", "trainer.lr=1e-4",
                       f"trainer.output_dir={root}/first_{mode}{name}", *overrides)
     recipe = RLRecipe(cfg)
@@ -100,7 +101,7 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
     B, steps = 2, 5
     # One sample per prompt: a group finishes with its sequence, so lengths differ
     # between groups and stragglers get carried with partial tokens.
-    cfg = compose_cfg(root, *SINGLE_SAMPLE, "overlap=inter", "overlap.delta_init=3", "overlap.delta_max=3",
+    cfg = compose_cfg(root, *SINGLE_SAMPLE, "overlap=inter", "overlap.controller=fixed", "overlap.delta_init=3", "overlap.delta_max=3",
                       "overlap.chunk_size=2", "algorithm.recompute_old_logprobs=false",
                       "algorithm.max_new_tokens=20", f"trainer.prompts_per_step={B}", f"trainer.steps={steps}",
                       "trainer.eval_every=0", "trainer.save_every=0", f"trainer.output_dir={root}/overcommit")

@@ -30,7 +30,7 @@ AdvantageEstimator = _choice("AdvantageEstimator", "group_norm rloo reinforce_ba
 KLEstimator = _choice("KLEstimator", "k1 k2 k3")
 LossAgg = _choice("LossAgg", "token_mean seq_mean_token_mean seq_mean_token_sum")
 OverlapMode = _choice("OverlapMode", "none intra inter oppo")
-OverlapController = _choice("OverlapController", "cost_model trial")
+OverlapController = _choice("OverlapController", "cost_model trial fixed")
 DeltaRule = _choice("DeltaRule", "additive proportional")
 RolloutEngine = _choice("RolloutEngine", "hf vllm")
 SyncBackend = _choice("SyncBackend", "auto gloo nccl")
@@ -244,14 +244,15 @@ class AlgorithmConfig:
 @dataclass
 class OverlapConfig:
     mode: OverlapMode = OverlapMode.none
-    # oppo: how chunk and Δ are chosen each step. cost_model: fitted from the run's own
-    # timings, least predicted time per trained sample (serial unless overlap pays);
-    # trial: the OPPO paper's periodic chunk trials + reward-slope Δ.
+    # How each step's chunk (intra, oppo) and Δ (inter, oppo) are chosen. cost_model:
+    # fitted from the run's own timings, least predicted time per trained sample (serial
+    # unless overlap pays); trial: the OPPO paper's periodic chunk trials + reward-slope
+    # Δ; fixed: chunk_size and delta_init every step (the forced ablation).
     controller: OverlapController = OverlapController.cost_model
     # Overcommit: the hosts check "B groups finished?" every this many decode rounds,
     # whatever the chunk size (which only sets how often tokens stream to the scorers).
     stop_check_every: int = 1
-    chunk_size: int = 16              # intra's chunk; the trial controller's size before its first round
+    chunk_size: int = 16              # fixed: the chunk; trial: the size before its first round
     chunk_candidates: list[int] = field(default_factory=lambda: [0, 8, 16, 32])   # 0: no streaming
     chunk_trial_period: int = 20      # trial: every P steps a round tries each candidate
     chunk_trial_warmup: int = 1       # trial: steps before the first round (start-up costs skew them)

@@ -108,9 +108,24 @@ class KVBatch:
             index.append(slot[key])
         self.prefill([prompts[i] for i in unique], [0] * len(unique),
                      [features[i] for i in unique] if features else None)
-        if len(unique) < len(prompts):
-            self.select(index)
-        return self.extend(continuations, score, outputs)
+        # The extend pads every row to the longest continuation, so rows without one
+        # (fresh samples beside carried partial ones) share their prompt's row through
+        # it and fan out after: the extend costs rows with a continuation, not all rows.
+        staged, row_of, plain = [], [], {}
+        for i, u in enumerate(index):
+            if continuations[i] or u not in plain:
+                if not continuations[i]:
+                    plain[u] = len(staged)
+                row_of.append(len(staged))
+                staged.append(i)
+            else:
+                row_of.append(plain[u])
+        if [index[i] for i in staged] != list(range(len(unique))):
+            self.select([index[i] for i in staged])
+        out = self.extend([continuations[i] for i in staged], score, outputs)
+        if row_of != list(range(len(staged))):
+            self.select(row_of)
+        return None if out is None else [out[j] for j in row_of]
 
     @torch.no_grad()
     def extend(self, new_tokens: Sequence[Sequence[int]], score: ScoreFn | None = None,

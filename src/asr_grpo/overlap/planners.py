@@ -1,13 +1,17 @@
 """What each step runs with: the chunk size (None: no streaming) and the overcommit Δ.
 
-* `FixedPlanner`: the configured values (`none`, `intra`, `inter`).
-* `TrialPlanner`: the OPPO paper's controllers (`overlap.controller=trial`): chunk by
-  periodic trials, Δ by the slope of the reward.
-* `CostModelPlanner` (`overlap.controller=cost_model`, the default for `oppo`): fits a
-  cost model from the run's own timings and picks the (chunk, Δ) with the least
-  predicted time per trained sample; the reward-slope rule bounds Δ from above (it
-  guards convergence, the cost model guards speed). It runs serial steps until its
-  fit is ready, and stays serial unless overlap is predicted to pay.
+Each overlap mode opens a search space: `intra` the chunk (streaming or not), `inter`
+Δ (overcommit or not), `oppo` both; `overlap.controller` picks within it:
+
+* `CostModelPlanner` (`cost_model`, the default for every mode): fits a cost model from
+  the run's own timings and picks the plan with the least predicted time per trained
+  sample; the reward-slope rule bounds Δ from above (it guards convergence, the cost
+  model guards speed). It runs serial steps until its fit is ready, and stays serial
+  unless overlap is predicted to pay: every mode is safe to leave on.
+* `TrialPlanner` (`trial`): the OPPO paper's controllers: chunk by periodic trials, Δ
+  by the slope of the reward.
+* `FixedPlanner` (`fixed`, and `none`): `chunk_size` and `delta_init` every step, as
+  far as the mode allows; the ablation that measures what a mode costs when forced.
 
 Every planner carries its whole state in `state_dict()`: a resumed run plans as the
 uninterrupted run would have from the same measurements.
@@ -17,8 +21,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from asr_grpo.config.schema import OverlapMode
 from asr_grpo.overlap.controllers import ChunkSizeController, DeltaController
 from asr_grpo.overlap.cost_model import CostFitter, best_plan
+
+# mode -> (streams chunks to the scorers, overcommits B + Δ groups)
+MODES = {OverlapMode.none: (False, False), OverlapMode.intra: (True, False),
+         OverlapMode.inter: (False, True), OverlapMode.oppo: (True, True)}
 
 
 @dataclass(frozen=True)
@@ -81,19 +90,21 @@ class FixedPlanner:
 
 
 class TrialPlanner:
-    """The paper's two controllers side by side."""
+    """The paper's two controllers side by side (a mode without streaming runs no trials)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, streams: bool = True):
+        self.streams = streams
         self.chunk_ctrl = ChunkSizeController.from_config(cfg)
         self.delta_ctrl = DeltaController.from_config(cfg)
 
     def plan(self, step: int) -> StepPlan:
-        return StepPlan(self.chunk_ctrl.chunk_for_step(step) or None, self.delta_ctrl.delta)
+        chunk = self.chunk_ctrl.chunk_for_step(step) if self.streams else None
+        return StepPlan(chunk or None, self.delta_ctrl.delta)
 
     def observe(self, obs: StepObservation) -> dict[str, float]:
         # A step that decoded nothing (enough groups were already finished) says
         # nothing about the chunk size it was given.
-        if obs.decoded:
+        if obs.decoded and self.streams:
             self.chunk_ctrl.observe(obs.step, obs.plan.chunk or 0, obs.step_s)
         self.delta_ctrl.observe(obs.mean_reward)
         return {}
@@ -110,9 +121,11 @@ class TrialPlanner:
 
 class CostModelPlanner:
 
-    def __init__(self, cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0):
+    def __init__(self, cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0,
+                 streams: bool = True, overcommits: bool = True):
         self.B = prompts_per_step
-        self.chunks = sorted({int(c) for c in cfg.chunk_candidates if int(c) > 0})
+        self.chunks = sorted({int(c) for c in cfg.chunk_candidates if int(c) > 0}) if streams else []
+        self.overcommits = overcommits
         self.warmup = int(cfg.cost_model_warmup)
         self.margin = float(cfg.cost_model_margin)
         self.delta_bound = DeltaController.from_config(cfg)
@@ -126,7 +139,8 @@ class CostModelPlanner:
         if step < self.warmup or not self.fitter.ready:
             return StepPlan(None, 0)
         choice, _ = best_plan(self.fitter.profile(), list(self.fitter.groups), self.B,
-                              [None, *self.chunks], range(self.delta_bound.delta + 1), self.margin)
+                              [None, *self.chunks], range(self.delta_bound.delta + 1 if self.overcommits else 1),
+                              self.margin)
         self._planned_decode_s = choice.predicted.decode_s
         return StepPlan(choice.chunk, choice.delta, choice.predicted.step_s)
 
@@ -170,15 +184,14 @@ class CostModelPlanner:
 
 
 def make_planner(cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0):
-    """The planner for `cfg.mode` (and, for oppo, `cfg.controller`)."""
-    if cfg.mode == "none":
+    """The planner of `cfg.controller`, searching what `cfg.mode` allows."""
+    streams, overcommits = MODES[OverlapMode(cfg.mode)]
+    if not (streams or overcommits):
         return FixedPlanner(None, 0)
-    if cfg.mode == "intra":
-        return FixedPlanner(int(cfg.chunk_size), 0)
-    if cfg.mode == "inter":
-        return FixedPlanner(None, int(cfg.delta_init))
+    if cfg.controller == "fixed":
+        return FixedPlanner(int(cfg.chunk_size) if streams else None, int(cfg.delta_init) if overcommits else 0)
     if cfg.controller == "trial":
-        return TrialPlanner(cfg)
+        return TrialPlanner(cfg, streams)
     if cfg.controller == "cost_model":
-        return CostModelPlanner(cfg, prompts_per_step, stream_hidden_prior)
-    raise ValueError(f"overlap.controller={cfg.controller!r}: expected cost_model or trial")
+        return CostModelPlanner(cfg, prompts_per_step, stream_hidden_prior, streams, overcommits)
+    raise ValueError(f"overlap.controller={cfg.controller!r}: expected cost_model, trial or fixed")

@@ -8,8 +8,10 @@
          the hosts check after every decode round (`overlap.stop_check_every`), apart
          from the chunk size, which only sets how often tokens stream. Train on the
          first B to finish, carry the rest (with every token they have) into the next step.
-- oppo:  both, with the chunk size and Δ chosen each step by a planner
-         (`overlap.controller`: `cost_model`, or the paper's periodic `trial`).
+- oppo:  both.
+Within what its mode allows, each step's chunk size and Δ come from a planner
+(`overlap.controller`: `cost_model` by default, which stays serial unless overlap is
+predicted to pay; the paper's periodic `trial`; or `fixed`).
 
 Rollout hosts (policy ranks or rollout workers) keep the live sequences between steps;
 this driver-side object keeps the latest state of every sequence, which is what a
@@ -30,19 +32,13 @@ from typing import Callable, Iterable
 import ray
 import torch
 
-from asr_grpo.config.schema import OverlapMode
 from asr_grpo.distributed.faults import is_actor_death
 from asr_grpo.experience.types import PromptGroup, SequenceRef
 from asr_grpo.overlap.controllers import staleness_histogram
-from asr_grpo.overlap.planners import StepObservation, StepPlan, make_planner, merge_decode_stats
+from asr_grpo.overlap.planners import MODES, StepObservation, StepPlan, make_planner, merge_decode_stats
 from asr_grpo.rollout.types import RolloutRequest, SequenceResult
 
 log = logging.getLogger(__name__)
-
-# mode -> (stream chunks to the scorers, overcommit the buffer)
-# (streams chunks to the scorers, overcommits B + Δ groups) per mode
-MODES = {OverlapMode.none: (False, False), OverlapMode.intra: (True, False),
-         OverlapMode.inter: (False, True), OverlapMode.oppo: (True, True)}
 
 
 @dataclass
