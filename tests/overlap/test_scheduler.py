@@ -165,3 +165,21 @@ def test_chunk_does_not_change_which_groups_train():
         out = run(sched, 4)
         trained.append([[(s.uid, tuple(s.tokens)) for g in r.groups for s in r.results[g.uid]] for r in out])
     assert trained[0] == trained[1] == trained[2]
+
+
+class TimedHost(ScriptedHost):
+    """Reports decode rounds costing 2.5 ms + 0.5 ms per live row."""
+
+    def take_decode_stats(self) -> dict:
+        return {"rounds": {1: [4, 4 * 0.003], 9: [2, 2 * 0.007]}, "prefill_tokens": 120, "prefill_seconds": 0.01}
+
+
+def test_every_step_logs_its_decode_round_costs_whatever_the_mode():
+    # A serial run logs a + b·rows from its own rounds: the forecast fits profile=run from it.
+    sched = RolloutScheduler(OmegaConf.structured(OverlapConfig(mode="none")), B, LocalGroup([TimedHost()]),
+                             resolve=local_resolve)
+    sched.rollout(0, lambda k: prompts()(k, 0))
+    metrics = sched.end_step(0, {"perf/time/step": 1.0})
+    assert metrics["perf/decode/round_fixed_ms"] == pytest.approx(2.5)
+    assert metrics["perf/decode/round_per_row_ms"] == pytest.approx(0.5)
+    assert metrics["perf/decode/prefill_tokens"] == 120

@@ -101,8 +101,8 @@ def test_overcommit_trains_every_group_once_with_its_carried_tokens(root):
     B, steps = 2, 5
     # One sample per prompt: a group finishes with its sequence, so lengths differ
     # between groups and stragglers get carried with partial tokens.
-    cfg = compose_cfg(root, *SINGLE_SAMPLE, "overlap=inter", "overlap.controller=fixed", "overlap.delta_init=3", "overlap.delta_max=3",
-                      "overlap.chunk_size=2", "algorithm.recompute_old_logprobs=false",
+    cfg = compose_cfg(root, *SINGLE_SAMPLE, "overlap=inter", "overlap.controller=fixed", "overlap.delta_init=3",
+                      "overlap.delta_max=3", "overlap.chunk_size=2", "algorithm.recompute_old_logprobs=false",
                       "algorithm.max_new_tokens=20", f"trainer.prompts_per_step={B}", f"trainer.steps={steps}",
                       "trainer.eval_every=0", "trainer.save_every=0", f"trainer.output_dir={root}/overcommit")
     trained_steps = []

@@ -6,12 +6,15 @@ import pytest
 import ray
 import torch
 from helpers import compose_cfg, metric_history
+from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import is_complete_checkpoint, load_model
 from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.recipes.rl import RLRecipe, run_rl
+from asr_grpo.tracking import absolute_tracking_uri
+from asr_grpo.tracking.runs import group_lengths
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +55,13 @@ def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):
     hist_a = dict(metric_history(cfg, run_id, "reward/total"))
     hist_b = dict(metric_history(cfg, straight["mlflow_run_id"], "reward/total"))
     assert hist_a == pytest.approx(hist_b, abs=1e-6)
+    # Every trained group's response lengths, by step, survive the resume (the forecast's
+    # profile=run reads them): the same as the uninterrupted run's.
+    client = MlflowClient(absolute_tracking_uri(cfg.logger.tracking_uri))
+    lengths_a, lengths_b = group_lengths(client, run_id), group_lengths(client, straight["mlflow_run_id"])
+    assert sorted(lengths_a) == [1, 2, 3] and lengths_a == lengths_b
+    assert all(len(groups) == cfg.trainer.prompts_per_step for groups in lengths_a.values())
+    assert all(len(g) == cfg.algorithm.n_samples_per_prompt and min(g) > 0 for gs in lengths_a.values() for g in gs)
 
 
 def test_ppo_trains_its_critic(root):

@@ -488,7 +488,7 @@ class ForecastRunSourceConfig:
     device: RunDevice = RunDevice.auto   # auto: gpu when the run logged system/gpu_* metrics
     stream_call_s: float = 0.005         # a streaming scorer call's fixed cost (not in a serial run)
     prompt_tokens: int = 64              # prompt tokens per group (re-prefill cost of carried tokens)
-    round_fixed_share: float = 0.12      # prior: fixed share of a mean round, when the steps cannot tell (CPU: 12%)
+    round_fixed_share: float = 0.12      # prior: fixed share of a median round, when the steps cannot tell (CPU: 12%)
 
 
 @dataclass

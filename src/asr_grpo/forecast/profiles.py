@@ -222,7 +222,12 @@ def run_profile(cfg, facts: RunFacts, round_costs: dict | None = None) -> tuple[
                          float(src.stream_call_s),
                          0.0, f.sync_s, f.other_s + f.score_fixed_s, 1, recompute, notes)
     lc = cfg.lengths
-    if lc.from_run and {"p50", "p90"} <= set(lengths):
+    if lc.from_run and facts.groups:
+        model = histogram(facts.groups)
+        flat = sorted(x for g in facts.groups for x in g)
+        notes.append(f"lengths: the run's own {len(facts.groups)} trained groups, drawn whole (p50 "
+                     f"{flat[len(flat) // 2]}, p90 {flat[int(0.9 * (len(flat) - 1))]}, longest {flat[-1]})")
+    elif lc.from_run and {"p50", "p90"} <= set(lengths):
         comps, how = run_length_components(lengths, B, n, lc.sample_sigma)
         model = lognormal_mixture([Component(*c) for c in comps], lc.sample_sigma)
         notes.append(f"lengths: the run's own (p50 {lengths['p50']:.1f}, p90 {lengths['p90']:.1f}, longest per step "

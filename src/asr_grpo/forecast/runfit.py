@@ -3,7 +3,8 @@
 Read back per step: decode time (`perf/time/rollout_decode`), decode rounds and rows
 decoded (`overlap/decode_rounds`, `overlap/rows_decoded`), the scoring wall, training,
 sync and step times, and the response-length quantiles; from the run's params, the
-batch and model settings. The run logs no per-round costs, so a round's fixed and
+batch and model settings; from its `rollout/group_lengths.json`, the response lengths
+of every group it trained (older runs: the quantiles only). The run logs no per-round costs, so a round's fixed and
 per-row cost are fitted over the steps, decode = a·rounds + b·rows + c·calls (c: the
 step's rebuild and call overhead), by non-negative least squares. Steps that all decode
 alike cannot tell a from b: then a `round_fixed_share` of the mean round is taken as
@@ -22,7 +23,9 @@ from asr_grpo.overlap.cost_model import fit_round_costs, nonneg_least_squares
 
 SERIES = {"decode_s": "perf/time/rollout_decode", "rounds": "overlap/decode_rounds", "rows": "overlap/rows_decoded",
           "scoring_s": "perf/time/scoring_wall", "training_s": "perf/time/training", "sync_s": "perf/time/sync",
-          "step_s": "perf/time/step", "rollout_s": "perf/time/rollout"}
+          "step_s": "perf/time/step", "rollout_s": "perf/time/rollout",
+          "round_fixed_ms": "perf/decode/round_fixed_ms", "round_per_row_ms": "perf/decode/round_per_row_ms"}
+OPTIONAL = ("rollout_s", "sync_s", "round_fixed_ms", "round_per_row_ms")   # not logged by older runs
 LENGTHS = {"mean": "charts/response_length", "p50": "charts/response_length_p50",
            "p90": "charts/response_length_p90", "max": "charts/response_length_max"}
 Z90 = 1.2815515655446004   # standard normal 90th percentile
@@ -37,6 +40,7 @@ class RunFacts:
     lengths: dict[str, float]          # mean, p50, p90, max over steps
     gpu: bool = False
     notes: list[str] = field(default_factory=list)
+    groups: list[list[int]] = field(default_factory=list)   # trained groups' response lengths (the run's own)
 
     def get(self, key: str, default):
         value = self.config.get(key, default)
@@ -49,7 +53,7 @@ def from_mlflow(run_id: str, tracking_uri: str, skip_steps: int = 1) -> RunFacts
     from mlflow.tracking import MlflowClient
 
     from asr_grpo.tracking import absolute_tracking_uri
-    from asr_grpo.tracking.runs import history
+    from asr_grpo.tracking.runs import group_lengths, history
 
     client = MlflowClient(absolute_tracking_uri(tracking_uri))
     run = client.get_run(run_id)
@@ -57,7 +61,7 @@ def from_mlflow(run_id: str, tracking_uri: str, skip_steps: int = 1) -> RunFacts
     if mode != "none":
         raise ValueError(f"run {run_id} ran overlap={mode}: profile=run fits a serial (overlap=none) run")
     series = {k: history(client, run_id, key) for k, key in SERIES.items()}
-    missing = [SERIES[k] for k, h in series.items() if not h and k not in ("rollout_s", "sync_s")]
+    missing = [SERIES[k] for k, h in series.items() if not h and k not in OPTIONAL]
     if missing:
         raise ValueError(f"run {run_id} has no {', '.join(missing)}: not an RL run of this project, or too old")
     numbers = sorted(s for s in series["step_s"] if s > skip_steps) or sorted(series["step_s"])
@@ -69,7 +73,9 @@ def from_mlflow(run_id: str, tracking_uri: str, skip_steps: int = 1) -> RunFacts
             lengths[q] = statistics.fmean(h[s] for s in numbers if s in h) if any(s in h for s in numbers) \
                 else statistics.fmean(h.values())
     gpu = any(k.startswith("system/gpu") for k in run.data.metrics)
-    return RunFacts(f"mlflow run {run_id}", dict(run.data.params), steps, lengths, gpu)
+    by_step = group_lengths(client, run_id)
+    groups = [g for s in numbers for g in by_step.get(s, [])]
+    return RunFacts(f"mlflow run {run_id}", dict(run.data.params), steps, lengths, gpu, groups=groups)
 
 
 def from_summary(path: str, workload: str = "", overrides: list[str] | None = None) -> RunFacts:
@@ -136,7 +142,9 @@ class Fit:
 
 def fit(facts: RunFacts, round_fixed_share: float = 0.12, prompt_tokens: int = 64) -> Fit:
     """Scoring and training per token, as the simulator charges them: a scorer forwards the
-    responses and each group's prompt once; training runs every sequence whole."""
+    responses and each group's prompt once; training runs every sequence whole. Each
+    phase is fitted over its typical steps (`typical`), fixed parts are medians: the fit
+    describes the run's median step, which is what the benchmark compares."""
     steps, notes = facts.steps, []
     col = lambda k: [s[k] for s in steps]  # noqa: E731
     decode, rounds, rows = col("decode_s"), col("rounds"), col("rows")
@@ -144,33 +152,64 @@ def fit(facts: RunFacts, round_fixed_share: float = 0.12, prompt_tokens: int = 6
     seqs = groups * facts.get("algorithm.n_samples_per_prompt", 8)
     scored = [w + groups * prompt_tokens for w in rows]
     trained = [w + seqs * prompt_tokens for w in rows]
-    if len(steps) >= 3:
-        r = fit_round_costs(decode, rounds, rows, [1.0] * len(steps))
+    keep = typical(decode, rows)
+    decode, rounds, rows = ([v[i] for i in keep] for v in (decode, rounds, rows))
+    timed = [steps[i] for i in keep if steps[i].get("round_per_row_ms", 0.0) > 0]
+    if timed:
+        # The engines timed every round: each step logged its own a + b·rows fit.
+        a = statistics.median(s["round_fixed_ms"] for s in timed) / 1e3
+        b = statistics.median(s["round_per_row_ms"] for s in timed) / 1e3
+        c = statistics.median(max(0.0, d - a * k - b * w) for d, k, w in zip(decode, rounds, rows))
+        spread = 1.0
+        notes.append(f"decode rounds: timed by the engines in {len(timed)} steps (medians of their fits); the "
+                     "rest of the decode time is the step's rebuild and call overhead")
+    elif len(keep) >= 3:
+        r = fit_round_costs(decode, rounds, rows, [1.0] * len(keep))
         a, b, c, spread = r["round_fixed_s"], r["round_per_row_s"], r["per_call_s"], r["spread"]
     else:
         a = b = c = spread = 0.0
-    if len(steps) < 3 or spread < 0.05 or a + b == 0:
-        d, k, w = statistics.fmean(decode), statistics.fmean(rounds), statistics.fmean(rows)
+    if len(keep) < 3 or spread < 0.05 or a + b == 0:
+        d, k, w = statistics.median(decode), statistics.median(rounds), statistics.median(rows)
         a, b, c = round_fixed_share * d / k, (1 - round_fixed_share) * d / w, 0.0
         notes.append(f"decode rounds: the steps decode alike (rows per round spread {spread:.0%}); a = "
-                     f"{round_fixed_share:.0%} of the mean round (stated prior), b the rest per row")
+                     f"{round_fixed_share:.0%} of the median round (stated prior), b the rest per row")
     s0, s = linear(col("scoring_s"), scored)
     t0, t = linear(col("training_s"), trained)
-    other = statistics.fmean(max(0.0, st["step_s"] - st.get("rollout_s", st["decode_s"]) - st["scoring_s"]
-                                 - st["training_s"] - st["sync_s"]) for st in steps)
+    other = statistics.median(max(0.0, st["step_s"] - st.get("rollout_s", st["decode_s"]) - st["scoring_s"]
+                                  - st["training_s"] - st["sync_s"]) for st in steps)
+    dropped = len(steps) - len(keep)
     notes.append(f"decode round = {1e3 * a:.3f} ms + {1e3 * b:.4f} ms/row; rebuild {1e3 * c:.1f} ms/step; "
                  f"scoring {1e3 * s0:.1f} ms + {1e6 * s:.1f} us/token; training {1e3 * t0:.1f} ms + "
-                 f"{1e6 * t:.1f} us/token, tokens of prompt ({prompt_tokens}) + response ({len(steps)} step(s))")
-    return Fit(a, b, c, s0, s, t0, t, statistics.fmean(col("sync_s")), other, notes)
+                 f"{1e6 * t:.1f} us/token, tokens of prompt ({prompt_tokens}) + response ({len(steps)} step(s)"
+                 + (f"; the decode of {dropped} slow step(s) left out" if dropped else "") + ")")
+    return Fit(a, b, c, s0, s, t0, t, statistics.median(col("sync_s")), other, notes)
+
+
+# A step whose phase took this much longer per unit of work than the run's median is a
+# hiccup of the machine, not its cost: on a shared 2-core machine the same work now and
+# then takes up to 2.7x longer.
+SLOW = 1.25
+
+
+def typical(y: list[float], x: list[float]) -> list[int]:
+    """The steps whose y per unit of x is within `SLOW` of the median one."""
+    ratios = [yi / xi if xi > 0 else 0.0 for yi, xi in zip(y, x)]
+    if not ratios:
+        return []
+    mid = statistics.median(ratios)
+    return [i for i, r in enumerate(ratios) if r <= SLOW * mid]
 
 
 def linear(y: list[float], x: list[float]) -> tuple[float, float]:
-    """y = c0 + c1·x, non-negative; one point (or no spread in x): all of it per unit of x."""
+    """y = c0 + c1·x, non-negative, over the typical steps; one point (or no spread in x):
+    all of it per unit of x."""
+    keep = typical(y, x)
+    y, x = [y[i] for i in keep], [x[i] for i in keep]
     if len(y) >= 3 and max(x) > min(x) * 1.02:
         c0, c1 = nonneg_least_squares([[1.0, xi] for xi in x], y)
         if c1 > 0:
             return c0, c1
-    return 0.0, statistics.fmean(y) / max(1e-9, statistics.fmean(x))
+    return 0.0, statistics.median(y) / max(1e-9, statistics.median(x))
 
 
 def run_length_components(lengths: dict[str, float], prompts: int, samples: int, sample_sigma: float,

@@ -35,6 +35,7 @@ import torch
 from asr_grpo.distributed.faults import is_actor_death
 from asr_grpo.experience.types import PromptGroup, SequenceRef
 from asr_grpo.overlap.controllers import staleness_histogram
+from asr_grpo.overlap.cost_model import CostFitter
 from asr_grpo.overlap.planners import MODES, StepObservation, StepPlan, make_planner, merge_decode_stats
 from asr_grpo.rollout.types import RolloutRequest, SequenceResult
 
@@ -207,7 +208,15 @@ class RolloutScheduler:
                               mean_reward=metrics.get("reward/total", float("nan")),
                               decoded=self._step_info.get("decoded", False))
         rounds_s = sum(secs for _, secs in stats["rounds"].values())
+        # This step's round cost as a + b·live rows, whatever the planner: a serial run
+        # logs what the forecast's profile=run needs without inferring it from totals.
+        step_costs = CostFitter(decay=1.0)
+        step_costs.observe_decode(stats)
+        costs = step_costs.profile()
         return {"perf/time/decode_rounds": rounds_s, "perf/time/rollout_prefill": stats["prefill_seconds"],
+                "perf/decode/round_fixed_ms": 1e3 * costs.round_fixed_s,
+                "perf/decode/round_per_row_ms": 1e3 * costs.round_per_row_s,
+                "perf/decode/prefill_tokens": float(stats["prefill_tokens"]),
                 **self.planner.observe(obs)}
 
     # ---- internals -----------------------------------------------------------------------

@@ -36,6 +36,7 @@ from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
 from asr_grpo.recipes.start_checkpoint import prepare_start_checkpoint
 from asr_grpo.rewards.text import error_rates_by_language
 from asr_grpo.tracking import MlflowRun
+from asr_grpo.tracking.runs import GROUP_LENGTHS
 from asr_grpo.workers.critic import CriticRole
 from asr_grpo.workers.policy import PolicyRole
 from asr_grpo.workers.reference import ReferenceRole
@@ -70,6 +71,7 @@ class RLRecipe:
         self.step_callbacks = list(step_callbacks or [])
         self.step = 0
         self.weights_version = 0   # the policy version the rollout engines hold
+        self.group_lengths: dict[int, list[list[int]]] = {}   # step -> trained groups' response lengths
 
     # ---- setup ---------------------------------------------------------------------------
     def setup(self) -> None:
@@ -211,6 +213,7 @@ class RLRecipe:
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.monotonic()
         rollout = self.scheduler.rollout(step, lambda k: self._new_groups(k, step))
+        self.group_lengths[step + 1] = [[len(r.tokens) for r in rs] for rs in rollout.results.values()]
         if self.rollout_group is not None and self.cfg.rollout.sleep_level:
             ray.get(self.rollout_group.call("sleep"))   # colocated vLLM frees the GPU for training
         t_score = time.monotonic()
@@ -264,7 +267,7 @@ class RLRecipe:
         out = self.cfg.trainer.output_dir
         staging = ckpt.staging_dir(out, step)
         state = {"step": step, "sampler": self.sampler.state_dict(), "mlflow_run_id": run_id,
-                 "scheduler": self.scheduler.state_dict()}
+                 "scheduler": self.scheduler.state_dict(), "group_lengths": self.group_lengths}
         refs = self.policy.call("save", str(staging / "policy_ds"), "state", {"step": step}, str(staging / "hf"))
         if self.critic is not None:
             refs += self.critic.call("save", str(staging / "critic_ds"), "state")
@@ -286,6 +289,7 @@ class RLRecipe:
         ray.get(refs)
         self.sync_weights(state["step"])
         self.sampler.load_state_dict(state["sampler"])
+        self.group_lengths = {int(k): v for k, v in state.get("group_lengths", {}).items()}
         self.scheduler.load_state_dict(state["scheduler"],
                                        lambda e: self._group(e["item_index"], e["entered_step"], uid=e["uid"]))
         log.info("resumed from %s (step %d)", path, state["step"])
@@ -322,12 +326,14 @@ class RLRecipe:
                     tracker.log_metrics(metrics, step=done)
                     if cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or done == cfg.trainer.steps):
                         self.save(done, tracker.run_id)
+                        tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
                 bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}",
                                 cer=f"{last_eval.get('cer', float('nan')):.3f}",
                                 step_s=f"{metrics['perf/time/step']:.1f}")
                 self.step = done
             summary.update({"steps": self.step, "train_seconds": time.monotonic() - t_start,
                             "eval_after": last_eval, "mlflow_run_id": tracker.run_id})
+            tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
             tracker.log_summary(summary)
         return summary
 

@@ -7,6 +7,7 @@ the seconds since the first step started, so step 0 sits at 0 s.
 """
 from __future__ import annotations
 
+import json
 import statistics
 
 # Metric families a summary reads (system/* are MLflow's system metrics, sampled in time).
@@ -18,8 +19,24 @@ class RunNotComparable(ValueError):
     before its first step)."""
 
 
+# Per step, the response lengths of every group it trained ({"steps": {step: [[len, ...], ...]}}):
+# the run's own length distribution, whole groups, for the forecast's profile=run.
+GROUP_LENGTHS = "rollout/group_lengths.json"
+
+
 def history(client, run_id: str, key: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+
+def group_lengths(client, run_id: str) -> dict[int, list[list[int]]]:
+    """The run's `GROUP_LENGTHS` artifact by step; empty for a run that has none (older runs)."""
+    import mlflow
+
+    try:
+        text = mlflow.artifacts.load_text(f"{client.get_run(run_id).info.artifact_uri}/{GROUP_LENGTHS}")
+    except Exception:   # MLflow raises its own error types per store for a missing file
+        return {}
+    return {int(k): v for k, v in json.loads(text).get("steps", {}).items()}
 
 
 def mean(xs) -> float:
