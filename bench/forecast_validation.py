@@ -2,7 +2,7 @@
 to the OPPO paper.
 
     python bench/forecast_validation.py            # (a) paper setup, (b) seed scenario, (c) H200 oppo from none
-    python bench/forecast_validation.py --cpu-benchmark bench/results/overlap_speedup.json \\
+    python bench/forecast_validation.py --cpu-benchmark bench/results/cpu_2core*/overlap_speedup.json \\
         [--tracking-uri sqlite:///outputs/mlflow.db]   # (d) adds the CPU benchmark: every mode from its `none` runs
 
 Writes bench/results/forecast_validation.{json,md} (--out to change); --cpu-benchmark merges
@@ -242,7 +242,9 @@ def cpu_benchmark(path: str, tracking_uri: str, warmup: int = 3) -> dict:
                               "error": predicted / measured - 1,
                               "predicted_speedup": statistics.median(
                                   r["none"]["predicted_step_s"] / r[mode]["predicted_step_s"] for r in rows.values()),
-                              "measured_speedup": modes[mode].get("step_speedup")}
+                              "measured_speedup": modes[mode].get("step_speedup"),
+                              "predicted_plans": next(iter(rows.values()))[mode]["plans"],
+                              "measured_chunks": modes[mode].get("chunks"), "measured_deltas": modes[mode].get("deltas")}
         out[entry["workload"]] = {"modes": per_mode, "none_runs": rows}
         print(f"(d) {entry['workload']}: " + ", ".join(
             f"{m} {v['predicted_step_s']:.2f} vs {v['measured_step_s']:.2f} s ({v['error']:+.0%})"
@@ -385,14 +387,16 @@ def markdown(res: dict) -> str:
             out += [res["h200_discussion"], ""]
     if "cpu_benchmark" in res:
         out += ["## (d) The CPU benchmark: every mode predicted from its `none` runs", "",
-                "| workload | mode | predicted step (s) | measured (s) | error | predicted / measured speedup |",
-                "|---|---|---|---|---|---|"]
+                "| workload | mode | predicted step (s) | measured (s) | error | predicted / measured speedup | "
+                "plans predicted (chunk/Δ: steps) | chunks / Δ measured |",
+                "|---|---|---|---|---|---|---|---|"]
         for w, r in res["cpu_benchmark"].items():
             for mode, v in r["modes"].items():
                 ms = v["measured_speedup"]
                 out.append(f"| {w} | {mode} | {v['predicted_step_s']:.2f} | {v['measured_step_s']:.2f} | "
                            f"{v['error']:+.0%} | {v['predicted_speedup']:.2f}x / "
-                           f"{'-' if ms is None else f'{ms:.2f}x'} |")
+                           f"{'-' if ms is None else f'{ms:.2f}x'} | {_plans(v.get('predicted_plans'))} | "
+                           f"{v.get('measured_chunks', '-')} / {v.get('measured_deltas', '-')} |")
         out.append("")
     else:
         out += ["## (d) The CPU benchmark", "", "Not yet run: `python bench/forecast_validation.py --cpu-benchmark "
@@ -400,10 +404,16 @@ def markdown(res: dict) -> str:
     return "\n".join(out)
 
 
+def _plans(plans) -> str:
+    if not plans:
+        return "-"
+    return ", ".join(f"{k}: {n}" for k, n in (plans.items() if isinstance(plans, dict) else plans))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(REPO / "bench/results/forecast_validation"), help="path without .json/.md")
-    ap.add_argument("--cpu-benchmark", help="bench/overlap_speedup.py's JSON (MLflow run ids per mode)")
+    ap.add_argument("--cpu-benchmark", nargs="+", help="bench/overlap_speedup.py JSONs (MLflow run ids per mode)")
     ap.add_argument("--tracking-uri", default=f"sqlite:///{REPO}/outputs/mlflow.db")
     ap.add_argument("--skip-scenarios", action="store_true", help="keep (a)-(c) from the existing JSON")
     args = ap.parse_args()
@@ -414,7 +424,8 @@ def main() -> None:
                **({"cpu_benchmark": res["cpu_benchmark"]} if "cpu_benchmark" in res else {})}
         discuss(res)
     if args.cpu_benchmark:
-        res["cpu_benchmark"] = cpu_benchmark(args.cpu_benchmark, args.tracking_uri)
+        res["cpu_benchmark"] = {w: r for path in args.cpu_benchmark
+                                for w, r in cpu_benchmark(path, args.tracking_uri).items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
     out.with_suffix(".md").write_text(markdown(res))

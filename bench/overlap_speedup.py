@@ -44,8 +44,9 @@ WORKLOADS = {
                  "overlap.delta_window=3"],
     # 30% of the RL prompts are 20-60 s dictations: responses from a few tokens to a few
     # hundred because the audio is long (no padding, no forced lengths).
+    # Four prompts a step keep 3 repeats x 33 steps of every mode within an hour on 2 cores.
     "longform": ["data.corpus.longform_fraction=0.3", "algorithm.max_new_tokens=384",
-                 "algorithm.n_samples_per_prompt=4", "trainer.rollout_batch_size=64",
+                 "algorithm.n_samples_per_prompt=4", "trainer.prompts_per_step=4", "trainer.rollout_batch_size=64",
                  "overlap.chunk_size=32", "overlap.chunk_candidates=[16,32,64]"],
 }
 PER_STEP = ("overlap/rows_decoded", "overlap/decode_rounds", "overlap/carried_unfinished_groups",
