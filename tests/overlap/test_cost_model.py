@@ -151,3 +151,20 @@ def test_fixed_controller_forces_the_configured_chunk_and_delta(mode, plan):
     cfg = OmegaConf.structured(OverlapConfig(mode=mode, controller="fixed", chunk_size=12, delta_init=3))
     planner = make_planner(cfg, prompts_per_step=8)
     assert [(p.chunk, p.delta) for p in map(planner.plan, range(4))] == [plan] * 4
+
+
+def test_carried_groups_rebuild_their_prompts_every_step_they_wait():
+    # Long-form audio: the long group's prompt is long too. Carried, it is re-prefilled
+    # (prompt and partial responses) every step it waits: with its prompt counted,
+    # overcommit no longer pays on costs where it did with responses alone.
+    costs = CostProfile(round_fixed_s=0.004, round_per_row_s=0.0002, prefill_per_token_s=0.0001,
+                        score_per_token_s=0.0004, train_per_sample_s=0.02, step_fixed_s=0.1)
+    prompts = [50] * 5 + [900]
+    bare = simulate_buffer(TAILED, B=8, delta=2)
+    with_prompts = simulate_buffer(TAILED, B=8, delta=2, prompts=prompts)
+    assert with_prompts.rounds == bare.rounds and with_prompts.row_rounds == bare.row_rounds
+    assert with_prompts.carried_tokens > bare.carried_tokens + 900   # at least one long prompt per step
+    assert best_plan(costs, TAILED, B=8, chunks=[None], deltas=range(5))[0].delta > 0
+    assert best_plan(costs, TAILED, B=8, chunks=[None], deltas=range(5), prompts=prompts)[0].delta == 0
+    serial = simulate_buffer(TAILED, B=8, delta=0, wait_all=True, prompts=prompts)
+    assert serial.carried_tokens == 0   # nothing waits between serial steps

@@ -214,7 +214,7 @@ class ModeResult:
         busy = {r: statistics.fmean(s.busy.get(r, 0.0) for s in steps) for r in roles}
         plans = Counter((s.chunk, s.delta) for s in steps)
         (chunk, delta), _ = plans.most_common(1)[0]
-        return {"step_s": step_s, "per_sample_s": step_s / samples, "samples_per_step": samples,
+        return {"step_s": step_s, "mean_step_s": wall, "per_sample_s": step_s / samples, "samples_per_step": samples,
                 "phases_s": {k: med([s.phases()[k] for s in steps]) for k in PHASES},
                 "busy_s": busy, "util": {r: b / wall for r, b in busy.items()},
                 "idle_s": {r: max(0.0, wall - b) for r, b in busy.items()},

@@ -111,8 +111,9 @@ class Workload:
         count = iter(range(10 ** 9))
 
         def new_groups(k: int, step: int) -> list[PromptGroup]:
-            return [PromptGroup(f"p-{i}", {"language": "en"}, [], None, self.n, step, item_index=i)
-                    for i in (next(count) for _ in range(k))]
+            # Prompt ids of the group's prompt size: the scheduler's cost model reads it.
+            return [PromptGroup(f"p-{i}", {"language": "en"}, [0] * self.prompt_tokens(f"p-{i}"), None, self.n, step,
+                                item_index=i) for i in (next(count) for _ in range(k))]
         return new_groups
 
     def sample_lengths(self, groups: int = 2000) -> list[list[int]]:

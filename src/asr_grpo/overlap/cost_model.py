@@ -10,6 +10,8 @@ The step, as the model sees it:
 
     step = decode + exposed scoring + training + fixed
     decode  = Σ_rounds (a + b · live rows) + p · carried tokens re-prefilled
+              (a carried group's whole prompt, its audio included, and its partial
+              responses: the weights changed, so its cache is rebuilt every step it waits)
     scoring = s0 + s · tokens of the trained sequences; streaming (chunk c) moves all
               but the last chunk of it into the decode, where a share `hidden` of it
               is hidden (0 where scorers and actor share the same cores), and adds
@@ -17,8 +19,9 @@ The step, as the model sees it:
     training = t · trained samples;  fixed = sync and everything else
 
 Decode rounds and rows come from simulating the overcommit buffer with response lengths
-drawn from the observed groups: with B + Δ groups in flight the step ends when B are
-done, and the others carry their tokens into the next step.
+(and prompt sizes) drawn from the observed groups: with B + Δ groups in flight the step
+ends when B are done, and the others carry their tokens into the next step. In ASR the
+groups that get carried are the long ones, whose prompts (long audio) are long too.
 """
 from __future__ import annotations
 
@@ -52,31 +55,37 @@ class StepShape:
     """What a step does, averaged over simulated steps: the inputs to `predict`."""
     rounds: float          # decode rounds (forward passes of the actor)
     row_rounds: float      # Σ live rows over those rounds (tokens decoded)
-    carried_tokens: float  # partial tokens re-prefilled at the step's start
+    carried_tokens: float  # tokens re-prefilled at the step's start (carried prompts + partial responses)
     trained_tokens: float  # response tokens of the trained sequences
     carried_groups: float  # groups carried with unfinished samples
     wasted_rows: float = 0.0   # rows decoded for nothing (always 0: carried work is kept)
 
 
 def simulate_buffer(groups: Sequence[Sequence[int]], B: int, delta: int, steps: int = 24,
-                    seed: int = 0, wait_all: bool = False) -> StepShape:
+                    seed: int = 0, wait_all: bool = False, prompts: Sequence[int] | None = None) -> StepShape:
     """Steady-state shape of a step with B + Δ groups in flight, lengths drawn (seeded,
     so the same inputs give the same answer) from `groups` (each the response lengths
-    of one group's samples). `wait_all`: the serial rule (decode every group to its end).
-    The first third of the steps (the buffer filling) is not averaged."""
+    of one group's samples; `prompts`: each one's prompt tokens). `wait_all`: the serial
+    rule (decode every group to its end). The first third of the steps (the buffer
+    filling) is not averaged."""
     if not groups:
         raise ValueError("simulate_buffer: no observed groups to draw lengths from")
+    if prompts is not None and len(prompts) != len(groups):
+        raise ValueError(f"simulate_buffer: {len(prompts)} prompt sizes for {len(groups)} groups")
     rng = random.Random(seed)
     buffer: list[list[int]] = []   # per group, the tokens each sample still has to decode
     done: list[list[int]] = []     # per group, the tokens each sample already holds
+    prompt: list[int] = []         # per group, its prompt tokens
     burn = steps // 3
     total = StepShape(0, 0, 0, 0, 0)
     for step in range(steps):
         while len(buffer) < B + delta:
-            g = list(rng.choice(groups))
-            buffer.append(g)
-            done.append([0] * len(g))
-        carried = sum(sum(d) for d, g in zip(done, buffer) if max(g) > 0)
+            i = rng.randrange(len(groups))
+            buffer.append(list(groups[i]))
+            done.append([0] * len(groups[i]))
+            prompt.append(prompts[i] if prompts is not None else 0)
+        # Carried groups still decoding are rebuilt: their prompt once, their partial responses.
+        carried = sum(p + sum(d) for d, g, p in zip(done, buffer, prompt) if max(g) > 0 and any(d))
         finish = [max(g) for g in buffer]
         k = len(buffer) if wait_all else min(B, len(buffer))
         order = sorted(range(len(buffer)), key=lambda i: (finish[i], i))
@@ -86,8 +95,9 @@ def simulate_buffer(groups: Sequence[Sequence[int]], B: int, delta: int, steps: 
         trained = sum(d + r for i in chosen for d, r in zip(done[i], buffer[i]))
         still = [i for i in range(len(buffer)) if i not in chosen]
         carried_groups = sum(1 for i in still if finish[i] > horizon)
-        buffer, done = ([[max(0, r - horizon) for r in buffer[i]] for i in still],
-                        [[d + min(r, horizon) for d, r in zip(done[i], buffer[i])] for i in still])
+        buffer, done, prompt = ([[max(0, r - horizon) for r in buffer[i]] for i in still],
+                                [[d + min(r, horizon) for d, r in zip(done[i], buffer[i])] for i in still],
+                                [prompt[i] for i in still])
         if step >= burn:
             for name, value in (("rounds", horizon), ("row_rounds", rows), ("carried_tokens", carried),
                                 ("trained_tokens", trained), ("carried_groups", carried_groups)):
@@ -139,7 +149,7 @@ class Choice:
 
 
 def best_plan(costs: CostProfile, groups: Sequence[Sequence[int]], B: int, chunks: Iterable[int | None],
-              deltas: Iterable[int], margin: float = 0.03) -> tuple[Choice, dict]:
+              deltas: Iterable[int], margin: float = 0.03, prompts: Sequence[int] | None = None) -> tuple[Choice, dict]:
     """The (chunk, Δ) with the least predicted time per trained sample. The serial plan
     (no streaming, Δ = 0) wins unless another beats it by more than `margin` (a share
     of the serial step): a prediction within the model's error is no reason to overlap.
@@ -147,7 +157,7 @@ def best_plan(costs: CostProfile, groups: Sequence[Sequence[int]], B: int, chunk
     n = max(1, round(sum(len(g) for g in groups) / len(groups)))
     samples = B * n
     mean_len = sum(sum(g) for g in groups) / max(1, sum(len(g) for g in groups))
-    shapes = {d: simulate_buffer(groups, B, d) for d in sorted(set(deltas) | {0})}
+    shapes = {d: simulate_buffer(groups, B, d, prompts=prompts) for d in sorted(set(deltas) | {0})}
     table = {}
     for d, shape in shapes.items():
         for c in [None, *(c for c in chunks if c)]:
@@ -172,6 +182,7 @@ class CostFitter:
     _serial: dict[str, float] = field(default_factory=dict)             # per-step averages of serial steps
     _hidden: float | None = None
     groups: deque = field(default_factory=deque)
+    prompts: deque = field(default_factory=deque)   # each observed group's prompt tokens
 
     def observe_decode(self, stats: dict) -> None:
         """Decode-round and prefill costs from the rollout hosts (`take_decode_stats`)."""
@@ -183,13 +194,17 @@ class CostFitter:
         self._prefill = [self._prefill[0] * self.decay + stats.get("prefill_tokens", 0),
                          self._prefill[1] * self.decay + stats.get("prefill_seconds", 0.0)]
 
-    def observe_lengths(self, groups: Iterable[Sequence[int]]) -> None:
-        """Response lengths of the trained groups (every group is trained eventually, so
-        over steps this is the unbiased distribution even under overcommit)."""
-        for g in groups:
+    def observe_lengths(self, groups: Iterable[Sequence[int]], prompts: Sequence[int] | None = None) -> None:
+        """Response lengths (and prompt tokens) of the trained groups (every group is
+        trained eventually, so over steps this is the unbiased distribution even under
+        overcommit)."""
+        groups = list(groups)
+        for g, p in zip(groups, prompts if prompts is not None else [0] * len(groups)):
             self.groups.append(tuple(int(x) for x in g))
+            self.prompts.append(int(p))
             while len(self.groups) > self.max_groups:
                 self.groups.popleft()
+                self.prompts.popleft()
 
     def observe_step(self, *, streamed: bool, decode_s: float, scoring_s: float, training_s: float,
                      fixed_s: float, samples: int, trained_tokens: int, predicted_decode_s: float | None = None,
@@ -242,12 +257,13 @@ class CostFitter:
 
     def state_dict(self) -> dict:
         return {"sums": list(self._sums), "prefill": list(self._prefill), "serial": dict(self._serial),
-                "hidden": self._hidden, "groups": [list(g) for g in self.groups]}
+                "hidden": self._hidden, "groups": [list(g) for g in self.groups], "prompts": list(self.prompts)}
 
     def load_state_dict(self, state: dict) -> None:
         self._sums, self._prefill = list(state["sums"]), list(state["prefill"])
         self._serial, self._hidden = dict(state["serial"]), state["hidden"]
         self.groups = deque((tuple(g) for g in state["groups"]), maxlen=None)
+        self.prompts = deque(state.get("prompts") or [0] * len(self.groups))
 
 
 def profile_dict(costs: CostProfile) -> dict:

@@ -48,6 +48,7 @@ class StepObservation:
     training_s: float
     decode_stats: dict = field(default_factory=dict)   # merged `take_decode_stats` of the hosts
     trained_lengths: list[list[int]] = field(default_factory=list)   # response lengths per trained group
+    trained_prompts: list[int] = field(default_factory=list)         # prompt tokens per trained group
     samples: int = 0
     mean_reward: float = float("nan")
     decoded: bool = True
@@ -140,7 +141,7 @@ class CostModelPlanner:
             return StepPlan(None, 0)
         choice, _ = best_plan(self.fitter.profile(), list(self.fitter.groups), self.B,
                               [None, *self.chunks], range(self.delta_bound.delta + 1 if self.overcommits else 1),
-                              self.margin)
+                              self.margin, list(self.fitter.prompts))
         self._planned_decode_s = choice.predicted.decode_s
         return StepPlan(choice.chunk, choice.delta, choice.predicted.step_s)
 
@@ -158,7 +159,7 @@ class CostModelPlanner:
             predicted_decode = self._planned_decode_s
             streamed_work = fitter.profile().score_per_token_s * trained_tokens
         fitter.observe_decode(obs.decode_stats)
-        fitter.observe_lengths(obs.trained_lengths)
+        fitter.observe_lengths(obs.trained_lengths, obs.trained_prompts or None)
         fitter.observe_step(streamed=streamed, decode_s=decode_s, scoring_s=obs.scoring_s,
                             training_s=obs.training_s, fixed_s=max(0.0, obs.step_s - decode_s - obs.scoring_s
                                                                    - obs.training_s),

@@ -181,6 +181,7 @@ class RolloutScheduler:
         carried_unfinished = sum(not e.done for e in self.buffer)
         self._step_info = {"decoded": ticks > 0, "samples": sum(len(rs) for rs in results.values()),
                            "lengths": [[len(s.tokens) for s in rs] for rs in results.values()],
+                           "prompts": [len(e.group.prompt_ids) for e in chosen],
                            "decode_s": t_decoded - t0}
         metrics = {"overlap/chunk": float(chunk or 0), "overlap/delta": float(delta),
                    "overlap/buffer_groups": float(len(self.buffer) + len(chosen)),
@@ -204,6 +205,7 @@ class RolloutScheduler:
                               scoring_s=metrics.get("perf/time/scoring_wall", 0.0),
                               training_s=metrics.get("perf/time/training", 0.0),
                               decode_stats=stats, trained_lengths=self._step_info.get("lengths", []),
+                              trained_prompts=self._step_info.get("prompts", []),
                               samples=self._step_info.get("samples", 0),
                               mean_reward=metrics.get("reward/total", float("nan")),
                               decoded=self._step_info.get("decoded", False))
