@@ -168,7 +168,8 @@ def markdown(results: list[dict]) -> str:
                 f"{r['target_reward']:.3f}.", "",
                 "| mode | median step (s) [run range] | step speedup | mean step (s) [run range] | speedup "
                 "| time to target | speedup | efficiency "
-                "| rows decoded / step | decode rounds / step | carried unfinished groups / step (mean) | rescored seqs "
+                "| rows decoded / step | decode rounds / step | carried unfinished groups / step (mean) "
+                "| rescored seqs "
                 "| chunk / Δ used | predicted vs measured (s) | CER before -> after |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for mode, m in r["modes"].items():
