@@ -95,8 +95,9 @@ def seed_scenario() -> dict:
         out[lengths] = r
         print(f"(b) {lengths}: " + ", ".join(f"{m} {r['modes'][m]['step_s']:.3f} s {r['modes'][m]['speedup']:.2f}x"
                                              for m in MODES), flush=True)
-    r = forecast("forecast_scenario=seed_asr_1p7b_h100", "forecast_lengths=asr_mix", "overlap.delta_init=8")
-    out["asr_mix, inter with Δ = 8 (one per engine)"] = r
+    r = forecast("forecast_scenario=seed_asr_1p7b_h100", "forecast_lengths=asr_mix", "overlap.controller=fixed",
+                 "overlap.delta_init=8")
+    out["asr_mix, forced Δ = 8 (one per engine), chunk 16"] = r
     print("(b) asr_mix, Δ=8: " + ", ".join(f"{m} {r['modes'][m]['speedup']:.2f}x" for m in MODES), flush=True)
     return out
 
@@ -297,22 +298,22 @@ def discuss(res: dict) -> None:
     if "seed" in res:
         sd = res["seed"]
         short, mix = sd["asr_short"]["modes"], sd["asr_mix"]["modes"]
-        mix8 = sd["asr_mix, inter with Δ = 8 (one per engine)"]["modes"]
+        mix8 = sd["asr_mix, forced Δ = 8 (one per engine), chunk 16"]["modes"]
         train_share = short["none"]["phases_s"]["training"] / short["none"]["step_s"]
         res["seed_discussion"] = (
             f"**Seed scenario:** oppo {short['oppo']['speedup']:.2f}x (short-form), {mix['oppo']['speedup']:.2f}x "
             f"(80/20 short/long-form mix), {sd['asr_long']['modes']['oppo']['speedup']:.2f}x (long-form), at chunk "
-            f"{mix['oppo']['chunk']} / Δ {mix['oppo']['delta']} (mix) chosen by the cost-model planner. On 8 engines "
-            f"`inter` with Δ = 4 gives {mix['inter']['speedup']:.2f}x (mix), with "
-            f"{100 * mix['inter']['stale_share']:.0f}% stale samples: the scheduler asks each engine for its share "
-            "of the groups still needed, rounded up "
-            "(`RolloutScheduler._quotas`), so with fewer extra groups than engines every engine still waits for "
-            f"all of its own. With Δ = 8 (one per engine) inter gives {mix8['inter']['speedup']:.2f}x; oppo's "
-            "chunked calls re-apportion the quota every chunk and stop within a chunk of the B-th group overall, "
-            "which is most of its gain over inter at the same Δ. Streaming the reference alone (GRPO: no critic, "
-            f"rule rewards) gives {short['intra']['speedup']:.2f}x: serially the reference scores in "
+            f"{mix['oppo']['chunk']} / Δ {mix['oppo']['delta']} (mix) chosen by the cost-model planner. `inter`'s "
+            f"planner takes Δ {mix['inter']['delta']} and gives {mix['inter']['speedup']:.2f}x (mix), with "
+            f"{100 * mix['inter']['stale_share']:.0f}% stale samples; forced to Δ = 8 (one extra group per engine, "
+            f"`overlap.controller=fixed`) inter gives {mix8['inter']['speedup']:.2f}x and oppo (chunk 16) "
+            f"{mix8['oppo']['speedup']:.2f}x. The scheduler splits the groups still needed over the 8 engines by "
+            "their share of unfinished groups (`RolloutScheduler._quotas`). `intra`'s planner stays serial "
+            f"({short['intra']['speedup']:.2f}x): serially the reference scores in "
             f"{1e3 * short['none']['busy_s'].get('ref', 0.0):.0f} ms (each prompt's audio once for its 8 samples, "
-            "on all 8 GPUs) while every streamed chunk costs each engine part of a forward call. Training (256 "
+            "on all 8 GPUs) while every streamed chunk would cost each engine part of a forward call; oppo's planner "
+            "streams all the same (its estimate of the streamed work the decode hides starts from the placement's "
+            "prior, 0.5 on a shared GPU), which is why oppo trails inter here. Training (256 "
             f"sequences whose prompts are ~65% audio tokens) is {train_share:.0%} of the serial short-form step, and "
             "nothing hides it.")
     if "h200" in res:
@@ -333,8 +334,9 @@ def discuss(res: dict) -> None:
             f"{between} runs of {len(errs[fits[0]])} the measured step lies between the two. Replaying the logged "
             "chunk and Δ moves the errors by a few points: the cost model, not the planner, carries the error. The "
             "runs' own noise is of the same order: the same `default` workload measured 0.89x over 25 steps and "
-            "1.20x over 6. What would settle it is a serial run that logs its per-round decode costs (the engines' "
-            "`take_decode_stats`, which today only the cost-model planner reads).")
+            "1.20x over 6. What would settle it is a serial run on the GPU that logs its per-step round costs, "
+            "which every run now does (`perf/decode/round_fixed_ms`, `perf/decode/round_per_row_ms`), and that "
+            "profile=run reads.")
 
 
 # ---- the report ------------------------------------------------------------------------------------
@@ -413,11 +415,27 @@ def markdown(res: dict) -> str:
                            f"{v['error']:+.0%} | {mean} | {v['predicted_speedup']:.2f}x / "
                            f"{'-' if ms is None else f'{ms:.2f}x'} | {_plans(v.get('predicted_plans'))} | "
                            f"{v.get('measured_chunks', '-')} / {v.get('measured_deltas', '-')} |")
-        out.append("")
+        out += ["", cpu_discussion(res["cpu_benchmark"]), ""]
     else:
         out += ["## (d) The CPU benchmark", "", "Not yet run: `python bench/forecast_validation.py --cpu-benchmark "
                 "bench/results/overlap_speedup.json --skip-scenarios` once the benchmark has finished.", ""]
     return "\n".join(out)
+
+
+def cpu_discussion(cpu: dict) -> str:
+    """What (d) says, its figures read from the results."""
+    med = [abs(v["error"]) for r in cpu.values() for v in r["modes"].values()]
+    mean = [v["mean_error"] for r in cpu.values() for v in r["modes"].values() if "mean_error" in v]
+    text = (f"**CPU benchmark:** every mode's median step predicted from the `none` runs alone within "
+            f"{max(med):.0%} (target 10%).")
+    if mean:
+        text += (f" Mean steps: {min(mean):+.0%} to {max(mean):+.0%}. The run fit leaves out steps a machine "
+                 "hiccup slowed (the same work 2x slower now and then on this shared 2-core machine), so it "
+                 "predicts the typical step; the measured mean keeps them.")
+    text += (" The predicted plans need not be the measured ones: where the modes' steps cost within the "
+             "planner's 3% margin of each other, the simulated and the real planner may settle on different "
+             "sides of it (compare the last two columns) at the same step time.")
+    return text
 
 
 def _plans(plans) -> str:
