@@ -4,8 +4,9 @@ Read back per step: decode time (`perf/time/rollout_decode`), decode rounds and 
 decoded (`overlap/decode_rounds`, `overlap/rows_decoded`), the scoring wall, training,
 sync and step times, and the response-length quantiles; from the run's params, the
 batch and model settings; from its `rollout/group_lengths.json`, the response lengths
-of every group it trained (older runs: the quantiles only). The run logs no per-round costs, so a round's fixed and
-per-row cost are fitted over the steps, decode = a·rounds + b·rows + c·calls (c: the
+of every group it trained (older runs: the quantiles only). A round's fixed and per-row
+cost are the medians of the per-step fits the run logged (`perf/decode/*`); a run
+without them has them fitted over the steps, decode = a·rounds + b·rows + c·calls (c: the
 step's rebuild and call overhead), by non-negative least squares. Steps that all decode
 alike cannot tell a from b: then a `round_fixed_share` of the mean round is taken as
 fixed (a stated prior). A benchmark summary (bench/overlap_speedup.py's JSON: phase
@@ -160,19 +161,17 @@ def fit(facts: RunFacts, round_fixed_share: float = 0.12, prompt_tokens: int = 6
         a = statistics.median(s["round_fixed_ms"] for s in timed) / 1e3
         b = statistics.median(s["round_per_row_ms"] for s in timed) / 1e3
         c = statistics.median(max(0.0, d - a * k - b * w) for d, k, w in zip(decode, rounds, rows))
-        spread = 1.0
         notes.append(f"decode rounds: timed by the engines in {len(timed)} steps (medians of their fits); the "
                      "rest of the decode time is the step's rebuild and call overhead")
-    elif len(keep) >= 3:
-        r = fit_round_costs(decode, rounds, rows, [1.0] * len(keep))
-        a, b, c, spread = r["round_fixed_s"], r["round_per_row_s"], r["per_call_s"], r["spread"]
     else:
-        a = b = c = spread = 0.0
-    if len(keep) < 3 or spread < 0.05 or a + b == 0:
-        d, k, w = statistics.median(decode), statistics.median(rounds), statistics.median(rows)
-        a, b, c = round_fixed_share * d / k, (1 - round_fixed_share) * d / w, 0.0
-        notes.append(f"decode rounds: the steps decode alike (rows per round spread {spread:.0%}); a = "
-                     f"{round_fixed_share:.0%} of the median round (stated prior), b the rest per row")
+        r = fit_round_costs(decode, rounds, rows, [1.0] * len(keep)) if len(keep) >= 3 else None
+        a, b, c, spread = (r["round_fixed_s"], r["round_per_row_s"], r["per_call_s"], r["spread"]) if r \
+            else (0.0, 0.0, 0.0, 0.0)
+        if r is None or spread < 0.05 or a + b == 0:
+            d, k, w = statistics.median(decode), statistics.median(rounds), statistics.median(rows)
+            a, b, c = round_fixed_share * d / k, (1 - round_fixed_share) * d / w, 0.0
+            notes.append(f"decode rounds: the steps decode alike (rows per round spread {spread:.0%}); a = "
+                         f"{round_fixed_share:.0%} of the median round (stated prior), b the rest per row")
     s0, s = linear(col("scoring_s"), scored)
     t0, t = linear(col("training_s"), trained)
     other = statistics.median(max(0.0, st["step_s"] - st.get("rollout_s", st["decode_s"]) - st["scoring_s"]

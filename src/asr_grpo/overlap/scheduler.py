@@ -97,6 +97,11 @@ class StepRollout:
     metrics: dict[str, float]
     admitted: list[str] = field(default_factory=list)   # uids of the groups that entered the buffer this step
 
+    @property
+    def lengths(self) -> list[list[int]]:
+        """Response lengths of each trained group's samples, in `results` order."""
+        return [[len(s.tokens) for s in rs] for rs in self.results.values()]
+
 
 class RolloutScheduler:
     def __init__(self, overlap_cfg, prompts_per_step: int, hosts, scorers: dict | None = None,
@@ -179,9 +184,9 @@ class RolloutScheduler:
         results = {e.group.uid: e.results() for e in chosen}
         staleness = [step - min(s.versions) for rs in results.values() for s in rs if s.versions]
         carried_unfinished = sum(not e.done for e in self.buffer)
+        out = StepRollout([e.group for e in chosen], results, streamed, {}, [g.uid for g in admitted])
         self._step_info = {"decoded": ticks > 0, "samples": sum(len(rs) for rs in results.values()),
-                           "lengths": [[len(s.tokens) for s in rs] for rs in results.values()],
-                           "prompts": [len(e.group.prompt_ids) for e in chosen],
+                           "lengths": out.lengths, "prompts": [len(e.group.prompt_ids) for e in chosen],
                            "decode_s": t_decoded - t0}
         metrics = {"overlap/chunk": float(chunk or 0), "overlap/delta": float(delta),
                    "overlap/buffer_groups": float(len(self.buffer) + len(chosen)),
@@ -193,7 +198,8 @@ class RolloutScheduler:
                    **staleness_histogram(staleness)}
         if plan.predicted_s is not None:
             metrics["overlap/predicted_step_s"] = plan.predicted_s
-        return StepRollout([e.group for e in chosen], results, streamed, metrics, [g.uid for g in admitted])
+        out.metrics = metrics
+        return out
 
     def end_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Feed the planner what this step measured (phase times from `metrics`, decode

@@ -213,7 +213,7 @@ class RLRecipe:
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.monotonic()
         rollout = self.scheduler.rollout(step, lambda k: self._new_groups(k, step))
-        self.group_lengths[step + 1] = [[len(r.tokens) for r in rs] for rs in rollout.results.values()]
+        self.group_lengths[step + 1] = rollout.lengths
         if self.rollout_group is not None and self.cfg.rollout.sleep_level:
             ray.get(self.rollout_group.call("sleep"))   # colocated vLLM frees the GPU for training
         t_score = time.monotonic()
