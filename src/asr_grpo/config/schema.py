@@ -290,6 +290,12 @@ class RolloutConfig:
     # auto: gloo when colocated (NCCL refuses 2 ranks on 1 GPU), else nccl on CUDA
     sync_backend: SyncBackend = SyncBackend.auto
     export_dir: str = "${paths.output_root}/checkpoints/vllm"   # vLLM-layout copies of model.path
+    # The weight-sync check (engines in workers of their own: rollout=vllm or placement=separate):
+    # every N-th sync, each engine scores `sync_check_sequences` just-trained samples and must
+    # match the trainer's log-probs within `sync_check_tol` (float32; bf16 needs ~5e-2). 0: off.
+    sync_check_every: int = 0
+    sync_check_sequences: int = 4
+    sync_check_tol: float = 1e-3
 
 
 @dataclass

@@ -29,6 +29,7 @@ from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
 from asr_grpo.distributed.role_group import RoleGroup
 from asr_grpo.experience.maker import ExperienceMaker, split_even
 from asr_grpo.experience.prompts import PromptSampler, build_group
+from asr_grpo.experience.sync_check import check_sequences, check_weight_sync
 from asr_grpo.models import load_processor
 from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.models.text_lm import ensure_text_lm
@@ -151,6 +152,23 @@ class RLRecipe:
         ray.get(self.policy.call("set_policy_version", version))
         return time.monotonic() - t0
 
+    def check_sync(self, version: int, items: list) -> dict[str, float]:
+        """`rollout.sync_check_every`: after this sync, every engine's log-probs of a few
+        just-trained samples against the trainer's (temperature 1); `WeightSyncMismatch`
+        above `rollout.sync_check_tol`. Engines in workers of their own only: colocated
+        HF rollout decodes with the trainer's own weights."""
+        ro = self.cfg.rollout
+        if self.rollout_group is None or not ro.sync_check_every or version % ro.sync_check_every:
+            return {}
+        refs = check_sequences(items, ro.sync_check_sequences)
+        if not refs:
+            return {}
+        t0 = time.monotonic()
+        trainer = ray.get(self.policy.call_rank(0, "compute_logprobs", refs, 1.0))
+        engines = ray.get(self.rollout_group.call("compute_logprobs", refs, 1.0))
+        result = check_weight_sync(trainer, engines, ro.sync_check_tol, version)
+        return {**result.metrics(), "perf/time/sync_check": time.monotonic() - t0}
+
     # ---- faults ------------------------------------------------------------------------
     def _restore_rollout_worker(self, rank: int) -> None:
         """A rollout worker restarted by Ray has the SFT weights and no sync group: wait
@@ -229,6 +247,7 @@ class RLRecipe:
         sync_s = self.sync_weights(step + 1)
         t_end = time.monotonic()
         step_s = t_end - t0
+        metrics.update(self.check_sync(step + 1, items))   # not in the step's time: a check, not work
         metrics.update({"perf/time/rollout": t_score - t0,
                         "perf/time/scoring_wall": t_train - t_score, "perf/time/training": t_sync - t_train,
                         "perf/time/sync": sync_s,

@@ -199,10 +199,12 @@ class ModelRole(BusyClock):
         return trainer
 
     @torch.no_grad()
-    def _logprobs(self, model, items: Sequence, micro_batch: int) -> list[torch.Tensor]:
-        """Per-token log-probs of finished sequences."""
-        return self._score_sequences(lambda: causal_lm_forward(model), token_logprobs(self.cfg.algorithm.temperature),
-                                     items, micro_batch)
+    def _logprobs(self, model, items: Sequence, micro_batch: int,
+                  temperature: float | None = None) -> list[torch.Tensor]:
+        """Per-token log-probs of finished sequences, under the sampling temperature
+        (`algorithm.temperature`) unless `temperature` is given (the sync check's 1.0)."""
+        temp = self.cfg.algorithm.temperature if temperature is None else temperature
+        return self._score_sequences(lambda: causal_lm_forward(model), token_logprobs(temp), items, micro_batch)
 
     def _score_sequences(self, forward, score, items: Sequence, micro_batch: int) -> list[torch.Tensor]:
         """Per-token scores of finished sequences (`SequenceRef`s), `micro_batch`

@@ -37,10 +37,10 @@ class PolicyRole(ModelRole, RolloutHost):
 
     @busy
     @phase("shared")
-    def compute_logprobs(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
+    def compute_logprobs(self, seqs: list[SequenceRef], temperature: float | None = None) -> list[torch.Tensor]:
         with self.train_engine.gathered() as module:
             module.eval()
-            return self._logprobs(module, seqs, self.cfg.trainer.micro_batch_size)
+            return self._logprobs(module, seqs, self.cfg.trainer.micro_batch_size, temperature)
 
     @busy
     @phase("train")

@@ -34,9 +34,9 @@ class RolloutRole(ModelRole, RolloutHost):
         self.sync.receive_model(self.model)
         self.engine.policy_version = version
 
-    def compute_logprobs(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
-        """The engine's own view of fixed sequences: a sync check compares it to the trainer's."""
-        return self._logprobs(self.model, seqs, self.cfg.trainer.micro_batch_size)
+    def compute_logprobs(self, seqs: list[SequenceRef], temperature: float | None = None) -> list[torch.Tensor]:
+        """The engine's own view of fixed sequences: the sync check compares it to the trainer's."""
+        return self._logprobs(self.model, seqs, self.cfg.trainer.micro_batch_size, temperature)
 
 
 def rollout_ranks(cfg) -> int:

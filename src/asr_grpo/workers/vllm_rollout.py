@@ -40,10 +40,13 @@ def engine_plan(plan: PlacementPlan, tensor_parallel_size: int) -> tuple[Placeme
 def weight_specs(model_path: str) -> list[tuple[str, tuple[int, ...]]]:
     """Names and shapes of the tensors the trainer sends, from the checkpoint's config:
     the same architecture built on the meta device (no weights allocated)."""
-    from transformers import AutoConfig, Qwen3ASRForConditionalGeneration
+    from transformers import Qwen3ASRForConditionalGeneration
 
+    # The model's own config class, not AutoConfig: once vLLM is imported, AutoConfig
+    # maps "qwen3_asr" to vLLM's config (the released thinker layout, no audio_config).
+    config = Qwen3ASRForConditionalGeneration.config_class.from_pretrained(model_path)
     with torch.device("meta"):
-        skeleton = Qwen3ASRForConditionalGeneration(AutoConfig.from_pretrained(model_path))
+        skeleton = Qwen3ASRForConditionalGeneration(config)
     return tensor_specs(skeleton)
 
 
@@ -78,8 +81,13 @@ class VLLMRolloutRole(ModelRole, RolloutHost):
     def receive_weights(self, version: int) -> None:
         self.engine.update_weights(version)
 
-    def compute_logprobs(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
-        """The engine's own log-probs of fixed sequences (temperature 1): the sync check."""
+    def compute_logprobs(self, seqs: list[SequenceRef], temperature: float | None = None) -> list[torch.Tensor]:
+        """The engine's own log-probs of fixed sequences: the sync check. vLLM's prompt
+        log-probs are the raw distribution, so only temperature 1 can be asked for."""
+        temp = self.cfg.algorithm.temperature if temperature is None else temperature
+        if temp != 1.0:
+            raise ValueError(f"a vLLM engine scores fixed sequences at temperature 1 only (asked for {temp}); "
+                             "pass temperature=1.0 and compare with the trainer's at 1.0")
         return self.engine.score(seqs)
 
     def sleep(self) -> None:
