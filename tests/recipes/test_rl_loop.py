@@ -9,6 +9,7 @@ from helpers import compose_cfg, metric_history
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
+from asr_grpo.experience.sync_check import WeightSyncMismatch, check_weight_sync
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import is_complete_checkpoint, load_model
 from asr_grpo.models import step_checkpoints as ckpt
@@ -92,7 +93,8 @@ def test_separate_rollout_worker_matches_trainer_after_sync(root):
     # An entropy bonus guarantees a non-zero update even if every advantage is 0 (and no
     # warm-up: HF warm-up schedules start the first step at LR 0).
     recipe = RLRecipe(compose_cfg(root, "placement=separate", "trainer.steps=1", "trainer.lr=1e-3",
-                                  "algorithm.entropy_coef=0.01", "trainer.lr_warmup_steps=0"))
+                                  "algorithm.entropy_coef=0.01", "trainer.lr_warmup_steps=0",
+                                  "rollout.sync_check_every=1"))
     try:
         recipe.setup()
         bundles = {role: {r["bundle_index"] for r in ranks} for role, ranks in recipe.placement.items()
@@ -103,11 +105,16 @@ def test_separate_rollout_worker_matches_trainer_after_sync(root):
         words = recipe.processor.tokenizer("turn on the lights")["input_ids"]
         probe = [SequenceRef("probe", g.prompt_ids, words, g.features)]
         before = ray.get(recipe.rollout_group.call_rank(0, "compute_logprobs", probe))[0]
-        recipe.train_step(0)   # trains and syncs
+        metrics = recipe.train_step(0)   # trains, syncs, and checks the sync on trained samples
         trainer = ray.get(recipe.policy.call_rank(0, "compute_logprobs", probe))[0]
         engine = ray.get(recipe.rollout_group.call_rank(0, "compute_logprobs", probe))[0]
         assert not torch.allclose(before, trainer)          # the update changed the policy
         torch.testing.assert_close(engine, trainer, rtol=0, atol=1e-6)   # and the engine has it
+        assert metrics["rollout/sync/tokens"] > 0 and metrics["rollout/sync/max_abs_diff"] <= 1e-6
+        # The same check catches an engine that missed the sync: the update moved the
+        # probe's log-probs by more than the default tolerance.
+        with pytest.raises(WeightSyncMismatch, match="policy version 1"):
+            check_weight_sync([trainer], [[before]], recipe.cfg.rollout.sync_check_tol, version=1)
     finally:
         recipe.cleanup()
 

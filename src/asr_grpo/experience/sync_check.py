@@ -51,8 +51,8 @@ def compare_logprobs(trainer: Sequence[torch.Tensor], engine: Sequence[torch.Ten
 def check_sequences(items: Sequence, count: int) -> list[SequenceRef]:
     """The first `count` samples just trained on (prompt + sampled response, audio
     included): real lengths and real audio, no extra data to hold."""
-    return [SequenceRef(it.uid, list(it.prompt_ids), list(it.response_ids), it.features)
-            for it in list(items)[:count] if len(it.response_ids) > 0]
+    scored = [it for it in items if len(it.response_ids) > 0]
+    return [SequenceRef(it.uid, list(it.prompt_ids), list(it.response_ids), it.features) for it in scored[:count]]
 
 
 def check_weight_sync(trainer_logprobs: Sequence[torch.Tensor], engines_logprobs: Sequence[Sequence[torch.Tensor]],

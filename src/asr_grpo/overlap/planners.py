@@ -57,15 +57,15 @@ class StepObservation:
 def merge_decode_stats(parts: list[dict]) -> dict:
     """The hosts' decode stats as one (rounds binned by live rows, summed)."""
     rounds: dict[int, list[float]] = {}
-    tokens, secs = 0, 0.0
+    summed = dict.fromkeys(("prefill_tokens", "prefill_seconds", "request_prompt_tokens", "cached_prompt_tokens"), 0)
     for part in parts:
         for rows, (count, s) in part.get("rounds", {}).items():
             slot = rounds.setdefault(int(rows), [0, 0.0])
             slot[0] += count
             slot[1] += s
-        tokens += part.get("prefill_tokens", 0)
-        secs += part.get("prefill_seconds", 0.0)
-    return {"rounds": rounds, "prefill_tokens": tokens, "prefill_seconds": secs}
+        for key in summed:
+            summed[key] += part.get(key, 0)
+    return {"rounds": rounds, **summed}
 
 
 def decode_seconds(stats: dict) -> float:

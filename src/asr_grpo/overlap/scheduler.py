@@ -42,6 +42,15 @@ from asr_grpo.rollout.types import RolloutRequest, SequenceResult
 log = logging.getLogger(__name__)
 
 
+def prefix_cache_metrics(stats: dict) -> dict[str, float]:
+    """vLLM engines: the continuation prompts' tokens and the share its prefix cache held."""
+    sent = stats.get("request_prompt_tokens", 0)
+    if not sent:
+        return {}
+    return {"perf/decode/request_prompt_tokens": float(sent),
+            "perf/decode/prefix_cache_hit": stats.get("cached_prompt_tokens", 0) / sent}
+
+
 @dataclass
 class BufferedGroup:
     group: PromptGroup
@@ -225,6 +234,7 @@ class RolloutScheduler:
                 "perf/decode/round_fixed_ms": 1e3 * costs.round_fixed_s,
                 "perf/decode/round_per_row_ms": 1e3 * costs.round_per_row_s,
                 "perf/decode/prefill_tokens": float(stats["prefill_tokens"]),
+                **prefix_cache_metrics(stats),
                 **self.planner.observe(obs)}
 
     # ---- internals -----------------------------------------------------------------------

