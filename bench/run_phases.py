@@ -1,0 +1,54 @@
+"""Per-phase step times of MLflow runs (median and max over steps), with held-out CER by
+step and the weight-sync check's gap: what `compare`'s table leaves out.
+
+    python bench/run_phases.py --experiment NAME [--tracking-uri URI] [--out phases.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+from mlflow.tracking import MlflowClient
+
+PHASES = ("perf/time/step", "perf/time/rollout", "perf/time/scoring_wall", "perf/time/training", "perf/time/sync",
+          "perf/time/sync_check", "reward/total", "rollout/sync/max_abs_diff", "perf/decode/prefix_cache_hit")
+
+
+def run_phases(client: MlflowClient, run) -> dict:
+    rid = run.info.run_id
+
+    def history(key):
+        return sorted(client.get_metric_history(rid, key), key=lambda m: m.step)
+
+    row = {"run_id": rid, "run_name": run.info.run_name, "status": run.info.status,
+           "rollout.engine": run.data.params.get("rollout.engine"),
+           "eval/cer": [[m.step, m.value] for m in history("eval/cer")]}
+    for key in PHASES:
+        values = [m.value for m in history(key)]
+        if values:
+            row[key] = {"median": statistics.median(values), "max": max(values), "steps": len(values)}
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experiment", required=True)
+    p.add_argument("--tracking-uri", default="sqlite:///outputs/mlflow.db")
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    client = MlflowClient(tracking_uri=args.tracking_uri)
+    experiment = client.get_experiment_by_name(args.experiment)
+    if experiment is None:
+        raise SystemExit(f"run_phases: no MLflow experiment {args.experiment!r} at {args.tracking_uri}")
+    runs = client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'",
+                              order_by=["attributes.start_time ASC"])
+    text = json.dumps([run_phases(client, r) for r in runs], indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
