@@ -15,7 +15,8 @@ JSON as it finishes (a failure is recorded and the run goes on where it can):
 3. throughput: the same requests (--prompts x n samples, to --max-new-tokens) decoded
    to the end by the HF engine (the actor rank) and by vLLM: generated tokens per second;
 4. grpo: --steps GRPO steps with overlap=oppo (chunked decoding, carried sequences
-   continued as new requests), a weight sync after each update;
+   continued as new requests), a weight sync after each update, checked after each
+   (rollout.sync_check_every=1 at --tol: a mismatch fails the phase);
 5. sync_after: the trainer's and the engine's log-probs of the same fixed sequences after
    the last sync must agree (max |diff| < --tol), while the weights have moved (the engine
    before vs after differ by more than --tol);
@@ -50,7 +51,8 @@ def overrides(args, engine: str) -> list[str]:
             "trainer.lr_warmup_steps=0", "trainer.eval_every=0", "trainer.save_every=0",
             "overlap=oppo", "overlap.chunk_size=16", "overlap.delta_init=2",
             "data.corpus.num_train=128", "data.corpus.num_dev=32",
-            "rollout.gpu_memory_utilization=0.25", *args.override]
+            "rollout.gpu_memory_utilization=0.25", "rollout.sync_check_every=1", f"rollout.sync_check_tol={args.tol}",
+            *args.override]
 
 
 def fixed_sequences(recipe, count: int):
@@ -68,15 +70,11 @@ def fixed_sequences(recipe, count: int):
     return refs
 
 
-def logprobs(group, refs) -> list[list[float]]:
+def logprobs(group, refs) -> list:
+    """Rank 0's log-probs of `refs` at temperature 1 (what a vLLM engine can score)."""
     import ray
 
-    return [t.tolist() for t in ray.get(group.call_rank(0, "compute_logprobs", refs))]
-
-
-def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> tuple[float, float]:
-    diffs = [abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
-    return max(diffs), statistics.fmean(diffs)
+    return ray.get(group.call_rank(0, "compute_logprobs", refs, 1.0))
 
 
 def decode_throughput(group, requests) -> dict:
@@ -171,6 +169,7 @@ def main() -> int:
     from overlap_speedup import compose_run
 
     from asr_grpo.config.validate import validate_config
+    from asr_grpo.experience.sync_check import compare_logprobs
     from asr_grpo.recipes.rl import RLRecipe
 
     report.data.update(vllm=vllm.__version__, device=torch.cuda.get_device_name(0), overrides=overrides(args, "vllm"))
@@ -190,8 +189,9 @@ def main() -> int:
         def sync_check(tag: str) -> dict:
             trainer, engine = logprobs(recipe.policy, refs), logprobs(recipe.rollout_group, refs)
             state[tag] = engine
-            worst, mean = max_abs_diff(trainer, engine)
-            return {"max_abs_diff": worst, "mean_abs_diff": mean, "tokens": sum(map(len, engine)),
+            cmp = compare_logprobs(trainer, engine)
+            worst = cmp.max_abs_diff
+            return {"max_abs_diff": worst, "mean_abs_diff": cmp.mean_abs_diff, "tokens": cmp.tokens,
                     "agree": worst < args.tol}
 
         report.run("sync_before", sync_check, "before")
@@ -211,7 +211,7 @@ def main() -> int:
         def sync_after() -> dict:
             result = sync_check("after")
             if "before" in state:
-                result["engine_moved_max_abs"] = max_abs_diff(state["before"], state["after"])[0]
+                result["engine_moved_max_abs"] = compare_logprobs(state["before"], state["after"]).max_abs_diff
                 result["weights_moved"] = result["engine_moved_max_abs"] > args.tol
             return result
 
