@@ -1,12 +1,19 @@
-"""Greedy transcription and held-out error rates (shared by SFT and RL evaluation)."""
+"""Greedy transcription and held-out error rates (shared by SFT and RL evaluation).
+
+The evaluation sets are dev and, when there is one, the held-out-voice split: speakers
+no training split has. Their metrics share one dict, dev's keys as they always were
+(`cer`, `cer/en`, ...) and the held-out-voice split's under `heldout_voices/`, so that
+logged with the recipes' `eval/` prefix they read `eval/heldout_voices/cer/en`."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from asr_grpo.data import AsrDataset, CorpusManifests
+from asr_grpo.data.corpus import HELDOUT_SPLIT
 from asr_grpo.models import decode_responses, encode_requests
 from asr_grpo.models.sequences import on_model_device
 from asr_grpo.rewards.text import error_rates_by_language
@@ -34,12 +41,17 @@ def transcribe(model, processor, audios: Sequence[np.ndarray], languages: Sequen
     return out
 
 
+def load_first(dataset, n: int) -> list[dict]:
+    """The first `n` utterances of `dataset` (all, if it has fewer) that load under the
+    bad-audio policy (`AsrDataset.load`; another dataset's items all count)."""
+    load = getattr(dataset, "load", dataset.__getitem__)
+    return [it for it in map(load, range(min(len(dataset), n))) if it is not None]
+
+
 def evaluate_dataset(model, processor, dataset, max_utterances: int | None = None,
                      batch_size: int = 32, max_new_tokens: int = 96) -> tuple[dict[str, float], list[dict]]:
     """CER/WER overall and per language on the first `max_utterances` of `dataset`."""
-    n = len(dataset) if not max_utterances else min(len(dataset), max_utterances)
-    load = getattr(dataset, "load", dataset.__getitem__)   # AsrDataset.load: the bad-audio policy
-    items = [it for it in map(load, range(n)) if it is not None]
+    items = load_first(dataset, len(dataset) if not max_utterances else max_utterances)
     hyps = transcribe(model, processor, [it["audio"] for it in items], [it["language"] for it in items],
                       batch_size=batch_size, max_new_tokens=max_new_tokens, progress="eval")
     refs = [it["text"] for it in items]
@@ -47,3 +59,21 @@ def evaluate_dataset(model, processor, dataset, max_utterances: int | None = Non
     rows = [{"id": it["id"], "language": it["language"], "ref": r, "hyp": h}
             for it, r, h in zip(items, refs, hyps)]
     return error_rates_by_language(hyps, refs, langs), rows
+
+
+def evaluation_sets(manifests: CorpusManifests, data_cfg) -> dict[str, AsrDataset]:
+    """Dev, then the held-out-voice split when the manifests have one."""
+    sets = {"dev": AsrDataset(manifests.dev, data_cfg)}
+    if manifests.heldout_voices is not None:
+        sets[HELDOUT_SPLIT] = AsrDataset(manifests.heldout_voices, data_cfg)
+    return sets
+
+
+def metrics_of_sets(score: Callable[[str, Any], dict[str, float]], sets: dict[str, Any]) -> dict[str, float]:
+    """`score(name, dataset)` of every set in one dict: dev's keys as they are, the
+    other sets' under `<name>/`."""
+    out: dict[str, float] = {}
+    for name, dataset in sets.items():
+        metrics = score(name, dataset)
+        out.update(metrics if name == "dev" else {f"{name}/{k}": v for k, v in metrics.items()})
+    return out

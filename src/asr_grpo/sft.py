@@ -23,6 +23,8 @@ def main(cfg: DictConfig) -> None:
     print(json.dumps(summary, indent=2, default=str))
     print(f"dev CER {dev['cer']:.3f} (en {dev.get('cer/en', float('nan')):.3f}, "
           f"zh {dev.get('cer/zh', float('nan')):.3f}) | checkpoint {summary['checkpoint']}")
+    if "heldout_voices/cer" in dev:   # speakers no training split has
+        print(f"held-out-voice CER {dev['heldout_voices/cer']:.3f}")
 
 
 if __name__ == "__main__":

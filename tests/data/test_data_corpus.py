@@ -13,10 +13,12 @@ from omegaconf import OmegaConf
 from asr_grpo.config.schema import CorpusConfig
 from asr_grpo.data import corpus as corpus_module
 from asr_grpo.data import read_manifest
-from asr_grpo.data.corpus import SPLITS, build_corpus, corpus_hash
+from asr_grpo.data.corpus import HELDOUT_SPLIT, SPLITS, build_corpus, corpus_hash
 
 # Long-form share raised so the tiny corpus contains long utterances too.
-TINY = CorpusConfig(seed=0, num_train=12, num_dev=4, num_test=4, num_rl=4, long_fraction=0.15, workers=2)
+TINY = CorpusConfig(seed=0, num_train=12, num_dev=4, num_test=4, num_rl=4, num_heldout_voices=4,
+                    long_fraction=0.15, workers=2)
+ALL_SPLITS = (*SPLITS, HELDOUT_SPLIT)
 FIELDS = ["id", "audio", "text", "language", "keywords", "duration"]
 
 
@@ -53,7 +55,7 @@ def built(tmp_path_factory):
 def test_same_config_gives_identical_files(built):
     a, b = built
     digest_a = _digest(a.root)
-    assert len([k for k in digest_a if k.endswith(".wav")]) == 24
+    assert len([k for k in digest_a if k.endswith(".wav")]) == 28
     assert digest_a == _digest(b.root)
     assert a.root.name == b.root.name == corpus_hash(TINY)
 
@@ -88,8 +90,8 @@ def test_interrupted_build_leaves_nothing_that_looks_complete(tmp_path, monkeypa
 
 def test_manifests_are_valid(built):
     a, _ = built
-    rows = {split: _rows(getattr(a, split)) for split in SPLITS}
-    assert [len(rows[s]) for s in SPLITS] == [12, 4, 4, 4]
+    rows = {split: _rows(getattr(a, split)) for split in ALL_SPLITS}
+    assert [len(rows[s]) for s in ALL_SPLITS] == [12, 4, 4, 4, 4]
     everything = [r for split_rows in rows.values() for r in split_rows]
     assert {r["language"] for r in everything} == {"en", "zh"}
     assert max(r["duration"] for r in everything) > 8.0          # long-form present
@@ -100,10 +102,10 @@ def test_manifests_are_valid(built):
         assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16")
         assert row["duration"] == round(info.frames / 16000, 3)
     train_texts = {r["text"] for r in rows["train"]}
-    held_out = [r["text"] for r in rows["dev"] + rows["test"] + rows["rl"]]
+    held_out = [r["text"] for r in rows["dev"] + rows["test"] + rows["rl"] + rows[HELDOUT_SPLIT]]
     assert not train_texts & set(held_out) and len(set(held_out)) == len(held_out)
     # The project's own reader accepts every line.
-    for split in SPLITS:
+    for split in ALL_SPLITS:
         assert len(read_manifest(getattr(a, split)).utterances) == len(rows[split])
 
 
@@ -120,6 +122,9 @@ def test_rl_split_leaves_the_other_splits_unchanged(built, tmp_path):
     with_rl = built[0]
     assert without.rl is None and without.rl_prompts == without.train
     assert with_rl.rl_prompts == with_rl.rl == with_rl.root / "rl.jsonl"
-    same = {k: v for k, v in _digest(with_rl.root).items() if not k.startswith(("rl.", "wavs/rl/", "corpus."))}
-    assert same == {k: v for k, v in _digest(without.root).items() if not k.startswith(("rl.", "corpus."))}
+    # heldout_voices comes after rl (its texts avoid rl's, its audio follows rl's in a
+    # synthesis process): it may change with it.
+    after = ("rl.", "wavs/rl/", "corpus.", f"{HELDOUT_SPLIT}.", f"wavs/{HELDOUT_SPLIT}/")
+    same = {k: v for k, v in _digest(with_rl.root).items() if not k.startswith(after)}
+    assert same == {k: v for k, v in _digest(without.root).items() if not k.startswith(after)}
     assert [r["id"] for r in _rows(with_rl.rl)] == [f"rl-{i:05d}" for i in range(4)]

@@ -58,11 +58,17 @@ def test_resolve_user_manifests(tmp_path, monkeypatch):
     got = resolve_manifests(cfg, tmp_path / "out")
     assert got.train == tmp_path / "train.jsonl" and got.test == tmp_path / "test.jsonl"
     assert got.rl_prompts == got.train   # no rl_manifest: RL draws from train
+    assert got.heldout_voices is None    # no held-out-voice split unless given one
     (tmp_path / "rl.jsonl").write_text("")
     with_rl = resolve_manifests(dataclasses.replace(cfg, rl_manifest=str(tmp_path / "rl.jsonl")), tmp_path)
     assert with_rl.rl_prompts == tmp_path / "rl.jsonl" and with_rl.train == got.train
     with pytest.raises(FileNotFoundError, match="data.rl_manifest"):
         resolve_manifests(dataclasses.replace(cfg, rl_manifest=str(tmp_path / "nope.jsonl")), tmp_path)
+    (tmp_path / "voices.jsonl").write_text("")
+    mine = resolve_manifests(dataclasses.replace(cfg, heldout_voices_manifest=str(tmp_path / "voices.jsonl")), tmp_path)
+    assert mine.heldout_voices == tmp_path / "voices.jsonl" and mine.dev == got.dev
+    with pytest.raises(FileNotFoundError, match="data.heldout_voices_manifest"):
+        resolve_manifests(dataclasses.replace(cfg, heldout_voices_manifest="nope.jsonl"), tmp_path)
     with pytest.raises(ValueError, match="data.test_manifest"):
         resolve_manifests(DataConfig(train_manifest=cfg.train_manifest,
                                      dev_manifest=cfg.dev_manifest), tmp_path)
@@ -83,3 +89,6 @@ def test_resolve_builds_embedded_corpus_when_unset(tmp_path, monkeypatch):
     (tmp_path / "mine.jsonl").write_text("")
     got = resolve_manifests(DataConfig(rl_manifest=str(tmp_path / "mine.jsonl")), tmp_path)
     assert got.rl_prompts == tmp_path / "mine.jsonl" and got.train == fake.train
+    # ... and heldout_voices_manifest its held-out-voice split.
+    got = resolve_manifests(DataConfig(heldout_voices_manifest=str(tmp_path / "mine.jsonl")), tmp_path)
+    assert got.heldout_voices == tmp_path / "mine.jsonl" and got.rl_prompts == fake.rl_prompts

@@ -44,14 +44,29 @@ def test_missing_voice_raises(synth, voice):
 
 
 def test_corpus_voices_exist(synth):
-    from asr_grpo.data.corpus import VOICES
+    from asr_grpo.data.corpus import HELDOUT_VOICES, VOICES
     assert all(synth.has_voice(v) for voices in VOICES.values() for v in voices)
+    assert all(synth.has_voice(v) for voices in HELDOUT_VOICES.values() for v in voices)
 
 
-def test_every_chinese_character_is_pronounced(synth):
+def test_held_out_voices_speak_at_the_edges_of_their_ranges(synth):
+    """Every held-out voice gives sentence-length speech at its slowest-lowest and
+    fastest-highest settings (no variant that silently fails or runs on)."""
+    from asr_grpo.data.corpus import HELDOUT_PITCH, HELDOUT_RATE_WPM, HELDOUT_VOICES
+    text = {"en": "please turn on the lights in the kitchen", "zh": "请打开客厅的灯"}
+    edges = [(HELDOUT_RATE_WPM[0][0], HELDOUT_PITCH[0][0]), (HELDOUT_RATE_WPM[-1][1], HELDOUT_PITCH[-1][1])]
+    for language, voices in HELDOUT_VOICES.items():
+        for voice in voices:
+            for rate, pitch in edges:
+                audio = synth.synthesize(text[language], voice, rate_wpm=rate, pitch=pitch)
+                assert 1.0 < len(audio) / 16000 < 3.5 and _rms(audio) > 0.02, (voice, rate, pitch)
+
+
+@pytest.mark.parametrize("voice", ["cmn-latn-pinyin", "cmn"])   # cmn: the held-out voices' base
+def test_every_chinese_character_is_pronounced(synth, voice):
     # An unknown character is spelled out (long) or skipped (near silence).
     for char in sorted(templates.zh_characters()):
-        audio = synth.synthesize(char, "cmn-latn-pinyin")
+        audio = synth.synthesize(char, voice)
         assert 0.12 < len(audio) / 16000 < 0.6 and _rms(audio) > 0.02, char
 
 

@@ -20,7 +20,9 @@ from asr_grpo.data.templates import join_sentences
 from asr_grpo.models import encode_requests
 from asr_grpo.models.sequences import FEATURE_CHUNK, encode_prompt, pack_sequences, response_logprobs
 
-BASE = CorpusConfig(seed=0, num_train=8, num_dev=3, num_test=3, num_rl=6, long_fraction=0.15, workers=2)
+# The held-out-voice split off: the corpus as it was before that split (and long-form) existed.
+BASE = CorpusConfig(seed=0, num_train=8, num_dev=3, num_test=3, num_rl=6, num_heldout_voices=0,
+                    long_fraction=0.15, workers=2)
 # Every long-form utterance is over the default data.max_duration_s (30 s).
 ON = dataclasses.replace(BASE, longform_fraction=0.5, longform_min_s=31.0, longform_max_s=40.0)
 # The config fields that existed before long-form: with it off, the hash covers exactly these.
@@ -28,7 +30,8 @@ LEGACY_FIELDS = ["seed", "num_train", "num_dev", "num_test", "num_rl", "zh_fract
                  "noise_snr_db_min", "noise_snr_db_max", "sample_rate"]
 # Digest of `_plan` for PLAN_CFG taken with the code before long-form existed: every
 # field that decides an utterance's text and WAV.
-PLAN_CFG = CorpusConfig(seed=0, num_train=12, num_dev=4, num_test=4, num_rl=40, long_fraction=0.15)
+PLAN_CFG = CorpusConfig(seed=0, num_train=12, num_dev=4, num_test=4, num_rl=40, num_heldout_voices=0,
+                        long_fraction=0.15)
 PLAN_FIELDS = ["id", "split", "audio", "text", "speech", "language", "keywords", "voice", "rate_wpm",
                "pitch", "snr_db", "noise_seed"]
 LEGACY_PLAN_DIGEST = "6262e8c3b4319796e537f5ec09d55c5104a002eb1af655946b78a97515e491ff"

@@ -27,10 +27,15 @@ def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):
     run_id = summary["mlflow_run_id"]
     for key in ["reward/total", "reward/cer", "reward/keyword", "reward/language", "reward/smoothness",
                 "loss/policy", "kl/loss", "policy/clip_frac", "perf/time/rollout", "perf/time/training",
-                "perf/time/scoring", "perf/time/sync", "eval/cer"]:
+                "perf/time/scoring", "perf/time/sync", "eval/cer", "eval/heldout_voices/cer"]:
         steps = [s for s, _ in metric_history(cfg, run_id, key)]
         assert steps and max(steps) == 2, key
     assert [s for s, _ in metric_history(cfg, run_id, "eval/cer")][0] == 0   # CER before RL
+    # The held-out-voice split next to dev, per language too, on the same utterance cap.
+    summary_eval = summary["eval_after"]
+    assert summary_eval["heldout_voices/n"] == summary_eval["n"] == cfg.trainer.eval_max_utterances
+    languages = [k.rsplit("/", 1)[1] for k in summary_eval if k.startswith("heldout_voices/cer/")]
+    assert languages and all(metric_history(cfg, run_id, f"eval/heldout_voices/cer/{lang}") for lang in languages)
     latest = ckpt.latest_checkpoint(cfg.trainer.output_dir)
     assert latest.name == "step_000002" and is_complete_checkpoint(latest / "hf")
     model, _ = load_model(str(latest / "hf"))   # plain transformers folder
@@ -83,6 +88,7 @@ def test_roles_land_where_the_placement_says(root):
         # RL prompts come from the corpus' rl split (sentences SFT never saw), eval from dev.
         assert colocated.train_set.manifest_path.name == "rl.jsonl"
         assert colocated.dev_set.manifest_path.name == "dev.jsonl"
+        assert colocated.eval_sets["heldout_voices"].manifest_path.name == "heldout_voices.jsonl"
         groups = colocated._new_groups(3, step=0)
         assert [g.utterance["id"][:3] for g in groups] == ["rl-"] * 3
     finally:

@@ -1,5 +1,6 @@
 """A short SFT run on the debug corpus learns: the CTC loss falls during the CTC
-warm-up and the LM loss falls in the steps after it."""
+warm-up and the LM loss falls in the steps after it. Its evaluation scores dev and the
+held-out-voice split."""
 from __future__ import annotations
 
 import statistics
@@ -18,3 +19,20 @@ def test_short_sft_run_lowers_ctc_then_lm_loss(root):
     assert len(ctc) == 15 and len(lm) == 25
     assert statistics.mean(ctc[-3:]) < 0.7 * statistics.mean(ctc[:3]), ctc
     assert statistics.mean(lm[-5:]) < 0.9 * statistics.mean(lm[:5]), lm
+
+
+def test_evaluation_scores_dev_and_the_held_out_voice_split(root):
+    """Dev's keys as ever, the held-out-voice split's under `heldout_voices/` (so logged as
+    eval/heldout_voices/cer), each on the same cap, each set's transcripts kept for save."""
+    from asr_grpo.recipes.sft import SFTRecipe
+
+    recipe = SFTRecipe(compose_cfg(root))
+    recipe.setup()
+    metrics = recipe.evaluate(max_utterances=3)
+    assert metrics["n"] == metrics["heldout_voices/n"] == 3
+    assert {"cer", "wer", "heldout_voices/cer", "heldout_voices/wer"} <= set(metrics)
+    languages = {k.rsplit("/", 1)[1] for k in metrics if k.startswith("heldout_voices/cer/")}
+    assert languages and languages <= {"en", "zh"}
+    rows = recipe.last_eval_rows
+    assert sorted(rows) == ["dev", "heldout_voices"]
+    assert all(r["id"].startswith("heldout_voices-") for r in rows["heldout_voices"])

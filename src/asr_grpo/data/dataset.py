@@ -83,18 +83,28 @@ class AsrDataset(Dataset):
             return None
 
 
+def _optional_manifest(data_cfg: DataConfig, key: str) -> Path | None:
+    """`data.<key>` as a path, None when empty; a path that names no file is an error."""
+    value = getattr(data_cfg, key)
+    if not value:
+        return None
+    if not Path(value).is_file():
+        raise FileNotFoundError(f"data.{key}: {value} does not exist")
+    return Path(value)
+
+
 def resolve_manifests(data_cfg: DataConfig, output_root: str | Path) -> CorpusManifests:
     """The user's manifests when `train/dev/test_manifest` are set (all three are then
-    required; `rl_manifest` is optional), else the embedded corpus, built on first use
-    and cached. `rl_manifest` alone may also point the embedded corpus' RL at other
-    prompts."""
+    required; `rl_manifest` and `heldout_voices_manifest` are optional), else the
+    embedded corpus, built on first use and cached. `rl_manifest` or
+    `heldout_voices_manifest` alone replace the embedded corpus' RL prompts or
+    held-out-voice split."""
     given = {split: getattr(data_cfg, f"{split}_manifest") for split in ("train", "dev", "test")}
-    rl = Path(data_cfg.rl_manifest) if data_cfg.rl_manifest else None
-    if rl is not None and not rl.is_file():
-        raise FileNotFoundError(f"data.rl_manifest: {rl} does not exist")
+    extra = {name: path for name in ("rl", "heldout_voices")
+             if (path := _optional_manifest(data_cfg, f"{name}_manifest")) is not None}
     if uses_embedded_corpus(data_cfg):
         built = build_corpus(data_cfg.corpus, output_root)
-        return built if rl is None else dataclasses.replace(built, rl=rl)
+        return dataclasses.replace(built, **extra) if extra else built
     missing = [f"data.{split}_manifest" for split, path in given.items() if not path]
     if missing:
         raise ValueError(f"set all of data.train/dev/test_manifest or none; missing: "
@@ -103,4 +113,4 @@ def resolve_manifests(data_cfg: DataConfig, output_root: str | Path) -> CorpusMa
     for split, path in paths.items():
         if not path.is_file():
             raise FileNotFoundError(f"data.{split}_manifest: {path} does not exist")
-    return CorpusManifests(root=paths["train"].parent, **paths, rl=rl)
+    return CorpusManifests(root=paths["train"].parent, **paths, **extra)

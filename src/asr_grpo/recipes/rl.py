@@ -27,6 +27,7 @@ from asr_grpo.distributed.net import free_port
 from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
 from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
 from asr_grpo.distributed.role_group import RoleGroup
+from asr_grpo.evaluation import evaluation_sets, load_first, metrics_of_sets
 from asr_grpo.experience.maker import ExperienceMaker, split_even
 from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.experience.sync_check import check_sequences, check_weight_sync
@@ -91,7 +92,8 @@ class RLRecipe:
         self.processor = load_processor(cfg.model.path)
         manifests = resolve_manifests(cfg.data, cfg.paths.output_root)
         self.train_set = AsrDataset(manifests.rl_prompts, cfg.data)   # the prompts RL trains on
-        self.dev_set = AsrDataset(manifests.dev, cfg.data)
+        self.eval_sets = evaluation_sets(manifests, cfg.data)   # dev (+ held-out voices)
+        self.dev_set = self.eval_sets["dev"]
         self.sampler = PromptSampler(len(self.train_set), cfg.seed)
 
         start_ray(cfg.placement)
@@ -188,7 +190,8 @@ class RLRecipe:
                 self._pids[g.role] = pids
         return {**{f"faults/restarts/{role}": float(n) for role, n in self.restarts.items()},
                 "faults/rollout_restores": float(self.scheduler.host_restarts),
-                "data/skipped": float(len(self.train_set.skipped) + len(self.dev_set.skipped))}
+                "data/skipped": float(len(self.train_set.skipped)
+                                      + sum(len(s.skipped) for s in self.eval_sets.values()))}
 
     @contextlib.contextmanager
     def _trainer_deaths_end_the_run(self, step: int):
@@ -271,10 +274,13 @@ class RLRecipe:
 
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Greedy CER/WER on the first `trainer.eval_max_utterances` dev utterances,
-        sharded over the policy ranks."""
-        n = min(len(self.dev_set), self.cfg.trainer.eval_max_utterances)
-        items = [it for it in map(self.dev_set.load, range(n)) if it is not None]
+        """Greedy CER/WER on the first `trainer.eval_max_utterances` utterances of dev
+        and, under `heldout_voices/`, of the held-out-voice split when there is one."""
+        return metrics_of_sets(lambda _, dataset: self._error_rates(dataset), self.eval_sets)
+
+    def _error_rates(self, dataset: AsrDataset) -> dict[str, float]:
+        """One set's CER/WER, overall and per language, sharded over the policy ranks."""
+        items = load_first(dataset, self.cfg.trainer.eval_max_utterances)
         shards = split_even(items, self.policy.world_size)
         refs = [h.transcribe.remote([it["audio"] for it in s], [it["language"] for it in s])
                 for h, s in zip(self.policy.handles, shards)]

@@ -18,7 +18,7 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.data import AsrDataset, resolve_manifests
 from asr_grpo.data.augment import spec_augment
-from asr_grpo.evaluation import evaluate_dataset
+from asr_grpo.evaluation import evaluate_dataset, evaluation_sets, metrics_of_sets
 from asr_grpo.models import (
     IGNORE_INDEX,
     audio_encoder,
@@ -111,7 +111,8 @@ class SFTRecipe:
         torch.set_num_threads(cfg.sft.num_threads)
         manifests = resolve_manifests(cfg.data, self.output_root)
         self.train_set = AsrDataset(manifests.train, cfg.data)
-        self.dev_set = AsrDataset(manifests.dev, cfg.data)
+        self.eval_sets = evaluation_sets(manifests, cfg.data)   # dev (+ held-out voices)
+        self.dev_set = self.eval_sets["dev"]
         if starts_from_checkpoint(cfg):   # fine-tune a checkpoint, tokenizer included
             problem = checkpoint_problem(cfg.model.path)
             if problem is not None:
@@ -195,7 +196,8 @@ class SFTRecipe:
                 self.scheduler.step()
                 step += 1
                 metrics.update({"charts/lr": self.scheduler.get_last_lr()[0], "charts/epoch": epoch,
-                                "data/skipped": float(len(self.train_set.skipped) + len(self.dev_set.skipped)),
+                                "data/skipped": float(len(self.train_set.skipped)
+                                                      + sum(len(s.skipped) for s in self.eval_sets.values())),
                                 "charts/grad_norm": float(grad_norm),
                                 "perf/steps_per_s": step / (time.monotonic() - start)})
                 tracker.log_metrics(metrics, step=step)
@@ -215,10 +217,17 @@ class SFTRecipe:
         return {"steps": step, "train_seconds": self.train_seconds}
 
     def evaluate(self, max_utterances: int | None = None) -> dict[str, float]:
-        metrics, self.last_eval_rows = evaluate_dataset(
-            self.model, self.processor, self.dev_set, max_utterances=max_utterances,
-            batch_size=self.cfg.sft.eval_batch_size, max_new_tokens=self.cfg.sft.max_new_tokens)
-        return metrics
+        """CER/WER of dev and, under `heldout_voices/`, of the held-out-voice split when
+        there is one; each set's transcripts are kept for `save`."""
+        self.last_eval_rows: dict[str, list[dict]] = {}
+
+        def score(name: str, dataset: AsrDataset) -> dict[str, float]:
+            metrics, self.last_eval_rows[name] = evaluate_dataset(
+                self.model, self.processor, dataset, max_utterances=max_utterances,
+                batch_size=self.cfg.sft.eval_batch_size, max_new_tokens=self.cfg.sft.max_new_tokens)
+            return metrics
+
+        return metrics_of_sets(score, self.eval_sets)
 
     # ---- save ----------------------------------------------------------------------------
     def save(self, dev_metrics: dict[str, float]) -> Path:
@@ -226,8 +235,9 @@ class SFTRecipe:
                 "dev": dev_metrics, **self.counts.as_dict()}
         set_frontend_memory_format(self.model, torch.contiguous_format)
         path = save_hf_checkpoint(self.model, self.processor, self.cfg.sft.output_dir, meta)
-        (path / "dev_transcripts.jsonl").write_text(
-            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.last_eval_rows))
+        for name, rows in self.last_eval_rows.items():   # dev_transcripts.jsonl, ...
+            (path / f"{name}_transcripts.jsonl").write_text(
+                "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         return path
 
 
