@@ -1,5 +1,6 @@
-"""Per-phase step times of MLflow runs (median and max over steps), with held-out CER by
-step and the weight-sync check's gap: what `compare`'s table leaves out.
+"""Per-phase step times of an experiment's RL runs (median and max over steps), with
+held-out CER (dev and held-out voices) by step and the weight-sync check's gap: what
+`compare`'s table leaves out.
 
     python bench/run_phases.py --experiment NAME [--tracking-uri URI] [--out phases.json]
 """
@@ -11,6 +12,7 @@ import statistics
 
 from mlflow.tracking import MlflowClient
 
+EVALS = ("eval/cer", "eval/heldout_voices/cer")
 PHASES = ("perf/time/step", "perf/time/rollout", "perf/time/scoring_wall", "perf/time/training", "perf/time/sync",
           "perf/time/sync_check", "reward/total", "rollout/sync/max_abs_diff", "perf/decode/prefix_cache_hit")
 
@@ -23,7 +25,7 @@ def run_phases(client: MlflowClient, run) -> dict:
 
     row = {"run_id": rid, "run_name": run.info.run_name, "status": run.info.status,
            "rollout.engine": run.data.params.get("rollout.engine"),
-           "eval/cer": [[m.step, m.value] for m in history("eval/cer")]}
+           **{key: [[m.step, m.value] for m in history(key)] for key in EVALS}}
     for key in PHASES:
         values = [m.value for m in history(key)]
         if values:
@@ -43,7 +45,8 @@ def main() -> None:
         raise SystemExit(f"run_phases: no MLflow experiment {args.experiment!r} at {args.tracking_uri}")
     runs = client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'",
                               order_by=["attributes.start_time ASC"])
-    text = json.dumps([run_phases(client, r) for r in runs], indent=1)
+    rl_runs = [r for r in runs if "rollout.engine" in r.data.params]   # not compare's own report run
+    text = json.dumps([run_phases(client, r) for r in rl_runs], indent=1)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
