@@ -12,6 +12,8 @@ import statistics
 
 from mlflow.tracking import MlflowClient
 
+from asr_grpo.tracking.runs import history
+
 EVALS = ("eval/cer", "eval/heldout_voices/cer")
 PHASES = ("perf/time/step", "perf/time/rollout", "perf/time/scoring_wall", "perf/time/training", "perf/time/sync",
           "perf/time/sync_check", "reward/total", "rollout/sync/max_abs_diff", "perf/decode/prefix_cache_hit")
@@ -19,15 +21,11 @@ PHASES = ("perf/time/step", "perf/time/rollout", "perf/time/scoring_wall", "perf
 
 def run_phases(client: MlflowClient, run) -> dict:
     rid = run.info.run_id
-
-    def history(key):
-        return sorted(client.get_metric_history(rid, key), key=lambda m: m.step)
-
     row = {"run_id": rid, "run_name": run.info.run_name, "status": run.info.status,
            "rollout.engine": run.data.params.get("rollout.engine"),
-           **{key: [[m.step, m.value] for m in history(key)] for key in EVALS}}
+           **{key: sorted(map(list, history(client, rid, key).items())) for key in EVALS}}
     for key in PHASES:
-        values = [m.value for m in history(key)]
+        values = list(history(client, rid, key).values())
         if values:
             row[key] = {"median": statistics.median(values), "max": max(values), "steps": len(values)}
     return row

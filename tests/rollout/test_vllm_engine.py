@@ -99,7 +99,7 @@ class FakeLLM:
         engine.decode(None)
         seq = engine.pop_finished()[0]
         reason = "stop" if seq.finish_reason == "stop" else "length"
-        return types.SimpleNamespace(outputs=[types.SimpleNamespace(
+        return types.SimpleNamespace(prompt_token_ids=ids, num_cached_tokens=0, outputs=[types.SimpleNamespace(
             token_ids=seq.tokens, finish_reason=reason,
             logprobs=[{t: types.SimpleNamespace(logprob=lp)} for t, lp in zip(seq.tokens, seq.logprobs)])])
 

@@ -7,13 +7,13 @@ from asr_grpo.data.manifest import ManifestError, ManifestReadResult, Utterance,
 __all__ = [
     "AsrDataset", "AudioError", "CorpusManifests", "EspeakError", "EspeakSynthesizer",
     "GENERATOR_VERSION", "ManifestError", "ManifestReadResult", "Utterance", "build_corpus",
-    "corpus_hash", "load_audio", "read_manifest", "resample", "resolve_manifests",
+    "corpus_hash", "load_audio", "read_manifest", "resample", "resolve_manifests", "skipped_lines",
 ]
 
 
 def __getattr__(name: str):
     # Imported on first use so that corpus worker processes never import torch.
-    if name in ("AsrDataset", "resolve_manifests"):
+    if name in ("AsrDataset", "resolve_manifests", "skipped_lines"):
         from asr_grpo.data import dataset
         return getattr(dataset, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

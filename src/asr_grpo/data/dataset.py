@@ -83,6 +83,11 @@ class AsrDataset(Dataset):
             return None
 
 
+def skipped_lines(datasets) -> int:
+    """Bad lines the datasets skipped so far (`data/skipped`: train and every eval set)."""
+    return sum(len(d.skipped) for d in datasets)
+
+
 def _optional_manifest(data_cfg: DataConfig, key: str) -> Path | None:
     """`data.<key>` as a path, None when empty; a path that names no file is an error."""
     value = getattr(data_cfg, key)

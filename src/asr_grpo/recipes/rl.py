@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.config.validate import validate_config
-from asr_grpo.data import AsrDataset, resolve_manifests
+from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
 from asr_grpo.distributed.faults import TrainerDied, is_actor_death, restart_options, trainer_died_message
 from asr_grpo.distributed.net import free_port
 from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
@@ -190,8 +190,7 @@ class RLRecipe:
                 self._pids[g.role] = pids
         return {**{f"faults/restarts/{role}": float(n) for role, n in self.restarts.items()},
                 "faults/rollout_restores": float(self.scheduler.host_restarts),
-                "data/skipped": float(len(self.train_set.skipped)
-                                      + sum(len(s.skipped) for s in self.eval_sets.values()))}
+                "data/skipped": float(skipped_lines([self.train_set, *self.eval_sets.values()]))}
 
     @contextlib.contextmanager
     def _trainer_deaths_end_the_run(self, step: int):

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from asr_grpo.config.schema import RunConfig
-from asr_grpo.data import AsrDataset, resolve_manifests
+from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
 from asr_grpo.data.augment import spec_augment
 from asr_grpo.evaluation import evaluate_dataset, evaluation_sets, metrics_of_sets
 from asr_grpo.models import (
@@ -196,8 +196,7 @@ class SFTRecipe:
                 self.scheduler.step()
                 step += 1
                 metrics.update({"charts/lr": self.scheduler.get_last_lr()[0], "charts/epoch": epoch,
-                                "data/skipped": float(len(self.train_set.skipped)
-                                                      + sum(len(s.skipped) for s in self.eval_sets.values())),
+                                "data/skipped": float(skipped_lines([self.train_set, *self.eval_sets.values()])),
                                 "charts/grad_norm": float(grad_norm),
                                 "perf/steps_per_s": step / (time.monotonic() - start)})
                 tracker.log_metrics(metrics, step=step)

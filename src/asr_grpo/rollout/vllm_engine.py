@@ -156,8 +156,8 @@ class VLLMChunkedEngine(SequencePool):
             requests = [continuation_request(s, self.sampling, n, self.eos, self.suppress, self.audio_token_id)
                         for s in live]
             for seq, out in zip(live, self._generate(requests), strict=True):
-                self.stats.add_requests(len(getattr(out, "prompt_token_ids", None) or ()),
-                                        int(getattr(out, "num_cached_tokens", None) or 0))
+                # Both are optional in vLLM's RequestOutput (None: not reported).
+                self.stats.add_requests(len(out.prompt_token_ids or ()), int(out.num_cached_tokens or 0))
                 apply_completion(seq, out.outputs[0], self._version, self.sampling.max_new_tokens, self.eos)
                 if quota is not None and seq.done:
                     quota.finished(seq)

@@ -203,8 +203,12 @@ class ModelRole(BusyClock):
                   temperature: float | None = None) -> list[torch.Tensor]:
         """Per-token log-probs of finished sequences, under the sampling temperature
         (`algorithm.temperature`) unless `temperature` is given (the sync check's 1.0)."""
-        temp = self.cfg.algorithm.temperature if temperature is None else temperature
-        return self._score_sequences(lambda: causal_lm_forward(model), token_logprobs(temp), items, micro_batch)
+        return self._score_sequences(lambda: causal_lm_forward(model), token_logprobs(self._temperature(temperature)),
+                                     items, micro_batch)
+
+    def _temperature(self, temperature: float | None) -> float:
+        """The temperature fixed sequences are scored at: the sampling one unless given."""
+        return self.cfg.algorithm.temperature if temperature is None else temperature
 
     def _score_sequences(self, forward, score, items: Sequence, micro_batch: int) -> list[torch.Tensor]:
         """Per-token scores of finished sequences (`SequenceRef`s), `micro_batch`

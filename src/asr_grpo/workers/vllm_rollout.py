@@ -84,7 +84,7 @@ class VLLMRolloutRole(ModelRole, RolloutHost):
     def compute_logprobs(self, seqs: list[SequenceRef], temperature: float | None = None) -> list[torch.Tensor]:
         """The engine's own log-probs of fixed sequences: the sync check. vLLM's prompt
         log-probs are the raw distribution, so only temperature 1 can be asked for."""
-        temp = self.cfg.algorithm.temperature if temperature is None else temperature
+        temp = self._temperature(temperature)
         if temp != 1.0:
             raise ValueError(f"a vLLM engine scores fixed sequences at temperature 1 only (asked for {temp}); "
                              "pass temperature=1.0 and compare with the trainer's at 1.0")
