@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from asr_grpo.config import register_configs
 from asr_grpo.config.store import CONF_DIR
+from asr_grpo.config.validate import ConfigError, validate_config
 
 log = logging.getLogger(__name__)
 register_configs()
@@ -16,6 +17,10 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="sft")
 def main(cfg: DictConfig) -> None:
+    try:
+        validate_config(cfg)
+    except ConfigError as e:   # the user's to fix: say what, no traceback
+        raise SystemExit(f"asr_grpo.sft: {e}") from None
     from asr_grpo.recipes.sft import run_sft  # heavy imports after config validation
 
     summary = run_sft(cfg)

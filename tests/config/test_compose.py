@@ -115,6 +115,10 @@ def test_group_file_with_unknown_key_is_rejected(tmp_path):
     (["algorithm.n_samples_per_prompt=1"], "algorithm.n_samples_per_prompt must be >= 2"),
     (["algorithm.kl_in_reward=true"], "algorithm.kl_in_reward=true is only supported"),
     (["algorithm.dual_clip=0.5"], "algorithm.dual_clip=0.5"),
+    (["sft.wave_augment.speed_prob=1.5"], "sft.wave_augment.speed_prob=1.5: must be in [0, 1]"),
+    (["sft.wave_augment.speed_min=1.2", "sft.wave_augment.speed_max=1.1"], "speed_min=1.2, speed_max=1.1"),
+    (["sft.wave_augment.babble_talkers=0"], "sft.wave_augment.babble_talkers=0"),
+    (["sft.wave_augment.babble_snr_db_min=30"], "babble_snr_db_min=30.0 is above babble_snr_db_max=25.0"),
 ])
 def test_impossible_combinations_are_rejected_naming_the_keys(overrides, needle):
     with pytest.raises(ConfigError) as err:

@@ -138,3 +138,15 @@ def test_the_split_is_built_and_readable(corpora, tmp_path):
 def test_negative_count_fails_naming_the_key():
     with pytest.raises(ValueError, match="num_heldout_voices"):
         corpus_module._plan(dataclasses.replace(TINY, num_heldout_voices=-1))
+
+
+def test_the_trained_splits_hear_many_speakers_in_each_language():
+    """Every trained accent with every trained variant; a few hundred utterances already
+    spread over most of them (no handful of speakers to memorise)."""
+    assert len(VOICES["en"]) == len(corpus_module.TRAINED_ACCENTS["en"]) * len(corpus_module.TRAINED_VARIANTS)
+    assert len(VOICES["zh"]) == len(corpus_module.TRAINED_VARIANTS) >= 40
+    others, _ = _by_split(corpus_module._plan(PLAN))
+    for language in ("en", "zh"):
+        used = {s.voice for s in others if s.language == language}
+        utterances = sum(s.language == language for s in others)
+        assert len(used) >= min(len(VOICES[language]), utterances) * 0.6, (language, len(used))

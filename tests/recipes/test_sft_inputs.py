@@ -52,19 +52,34 @@ def test_channels_last_frontend_gives_the_same_encoder_output_and_saves_contiguo
     assert all(p.is_contiguous() for p in model.parameters())
 
 
-def test_spec_augment_reaches_the_sft_loss_only_when_enabled(root):
+WAVE_OFF = ("sft.wave_augment.speed_prob=0", "sft.wave_augment.babble_prob=0")
+
+
+def _sft_losses(root, *overrides: str) -> list[float]:
+    """The SFT loss of one batch of 4, computed twice with the recipe's own draws."""
     from helpers import compose_cfg
 
     from asr_grpo.recipes.sft import SFTRecipe
 
-    def losses(enabled: bool) -> list[float]:
-        recipe = SFTRecipe(compose_cfg(root, f"sft.spec_augment.enabled={enabled}", "sft.spec_augment.freq_width=60"))
-        recipe.setup()
-        items = [recipe._item(i) for i in range(4)]
-        with torch.no_grad():
-            return [recipe._loss(items)[0].item() for _ in range(2)]
+    recipe = SFTRecipe(compose_cfg(root, *overrides))
+    recipe.setup()
+    items = [recipe._item(i) for i in range(4)]
+    with torch.no_grad():
+        return [recipe._loss(items)[0].item() for _ in range(2)]
 
-    plain, masked = losses(False), losses(True)
+
+def test_spec_augment_reaches_the_sft_loss_only_when_enabled(root):
+    plain = _sft_losses(root, *WAVE_OFF, "sft.spec_augment.enabled=false")
+    masked = _sft_losses(root, *WAVE_OFF, "sft.spec_augment.enabled=true", "sft.spec_augment.freq_width=60")
     assert plain[0] == plain[1]                     # no randomness without masks
     assert masked[0] != masked[1]                   # fresh masks on every call
     assert all(m != plain[0] for m in masked)       # the masks reach the encoder
+
+
+def test_wave_augment_reaches_the_sft_loss_and_repeats_for_the_same_seed(root):
+    plain = _sft_losses(root, *WAVE_OFF)
+    for knob in ("speed_prob=1", "babble_prob=1"):
+        perturbed = _sft_losses(root, *WAVE_OFF, f"sft.wave_augment.{knob}")
+        assert perturbed[0] != perturbed[1]          # drawn anew every step
+        assert all(p != plain[0] for p in perturbed), knob
+        assert _sft_losses(root, *WAVE_OFF, f"sft.wave_augment.{knob}") == perturbed   # seeded

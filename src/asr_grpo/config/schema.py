@@ -153,6 +153,18 @@ class SpecAugmentConfig:
 
 
 @dataclass
+class WaveAugmentConfig:
+    """SFT-only waveform perturbation (asr_grpo.data.augment), drawn anew every step."""
+    speed_prob: float = 0.5        # share of utterances speed-perturbed (tempo and pitch together)
+    speed_min: float = 0.85        # factor range: 0.85 = 15% slower and lower
+    speed_max: float = 1.15
+    babble_prob: float = 0.3       # share of utterances mixed with other utterances of the batch
+    babble_talkers: int = 3        # 1..this many talkers under one utterance
+    babble_snr_db_min: float = 10.0
+    babble_snr_db_max: float = 25.0
+
+
+@dataclass
 class SFTConfig:
     output_dir: str = "${paths.output_root}/checkpoints/sft-tiny"
     max_minutes: float = 19.0         # wall-clock cap; the LR schedule follows max_steps
@@ -177,6 +189,7 @@ class SFTConfig:
     # decoder has to take more of each token from the audio than from its language model.
     input_token_dropout: float = 0.0
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
+    wave_augment: WaveAugmentConfig = field(default_factory=WaveAugmentConfig)
     shortest_first_epoch: bool = True   # SortaGrad: the first epoch in increasing length
     eval_every_steps: int = 0
     eval_max_utterances: int = 100

@@ -1,14 +1,75 @@
-"""SpecAugment (Park et al., 2019) on log-mel features: frequency and time masks.
+"""SFT-only augmentation: waveform perturbation (speed, babble) and SpecAugment masks.
 
-Applied during SFT only. The masks make the model read a word from its surroundings
-and from several bands rather than one exact pattern, the standard cure when a small
-ASR model fits its training utterances (here: train loss -> 0.05 while dev CER rises).
+Waveform perturbation is drawn anew every step, so the 13 or so passes over the corpus
+each hear a different version of an utterance:
+- speed perturbation (Ko et al., 2015): the waveform resampled and played at the
+  original rate, so tempo and pitch move together by the drawn factor;
+- babble: other utterances of the batch summed under the utterance at a drawn SNR,
+  noise that sounds like speech (the corpus itself carries only white noise).
+
+SpecAugment (Park et al., 2019) masks log-mel bands and frames, so the model reads a
+word from its surroundings and from several bands rather than one exact pattern.
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
-from asr_grpo.config.schema import SpecAugmentConfig
+from asr_grpo.config.schema import SpecAugmentConfig, WaveAugmentConfig
+
+
+def speed_perturb(audio: np.ndarray, factor: float) -> np.ndarray:
+    """`audio` played `factor` times faster (shorter, higher-pitched above 1); the factor
+    is taken to 1/100."""
+    from scipy.signal import resample_poly
+
+    up, down = 100, int(round(factor * 100))
+    g = math.gcd(up, down)
+    return audio if up == down else resample_poly(audio, up // g, down // g).astype(np.float32)
+
+
+def _power(audio: np.ndarray) -> float:
+    return float(np.mean(np.square(audio, dtype=np.float64))) if audio.size else 0.0
+
+
+def mix_babble(audio: np.ndarray, talkers: list[np.ndarray], snr_db: float,
+               rng: np.random.Generator) -> np.ndarray:
+    """`audio` with the `talkers` summed under it at `snr_db`; each talker is looped to
+    the utterance's length from a random start. Peak kept at or below the original's."""
+    if not talkers or audio.size == 0:
+        return audio
+    noise = np.zeros(len(audio), dtype=np.float64)
+    for talker in talkers:
+        start = int(rng.integers(len(talker)))
+        noise += np.resize(np.roll(talker, -start), len(audio))
+    noise_power = _power(noise)
+    if noise_power == 0.0:
+        return audio
+    scale = math.sqrt(_power(audio) / (noise_power * 10 ** (snr_db / 10)))
+    mixed = audio + scale * noise
+    peak, mixed_peak = float(np.abs(audio).max()), float(np.abs(mixed).max())
+    return (mixed * min(1.0, peak / mixed_peak)).astype(np.float32)
+
+
+def perturb_batch(audios: list[np.ndarray], cfg: WaveAugmentConfig,
+                  rng: np.random.Generator) -> list[np.ndarray]:
+    """Each utterance of a batch, speed-perturbed with probability `cfg.speed_prob` and
+    mixed with 1..`cfg.babble_talkers` other utterances of the batch (as they were
+    loaded) with probability `cfg.babble_prob`. The inputs are not modified."""
+    out = []
+    for i, audio in enumerate(audios):
+        if cfg.speed_prob > 0 and rng.random() < cfg.speed_prob:
+            audio = speed_perturb(audio, float(rng.uniform(cfg.speed_min, cfg.speed_max)))
+        others = [a for j, a in enumerate(audios) if j != i]
+        if others and cfg.babble_prob > 0 and rng.random() < cfg.babble_prob:
+            count = int(rng.integers(1, min(cfg.babble_talkers, len(others)) + 1))
+            picks = rng.choice(len(others), size=count, replace=False)
+            audio = mix_babble(audio, [others[j] for j in picks],
+                               float(rng.uniform(cfg.babble_snr_db_min, cfg.babble_snr_db_max)), rng)
+        out.append(audio)
+    return out
 
 
 def spec_augment(features: torch.Tensor, frame_mask: torch.Tensor, cfg: SpecAugmentConfig,

@@ -17,7 +17,7 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
-from asr_grpo.data.augment import spec_augment
+from asr_grpo.data.augment import perturb_batch, spec_augment
 from asr_grpo.evaluation import evaluate_dataset, evaluation_sets, metrics_of_sets
 from asr_grpo.models import (
     IGNORE_INDEX,
@@ -138,6 +138,7 @@ class SFTRecipe:
         self._audio_cache: dict[int, dict] = {}
         self.token_rng = torch.Generator().manual_seed(cfg.sft.seed)
         self.augment_rng = torch.Generator().manual_seed(cfg.sft.seed + 1)
+        self.wave_rng = np.random.default_rng([cfg.sft.seed, 2])
         log.info("model parameters: %s", self.counts)
 
     def _item(self, i: int) -> dict | None:
@@ -149,7 +150,8 @@ class SFTRecipe:
 
     # ---- one step ------------------------------------------------------------------------
     def _loss(self, items: list[dict], ctc_only: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-        batch = encode_supervised(self.processor, [it["audio"] for it in items],
+        audios = perturb_batch([it["audio"] for it in items], self.cfg.sft.wave_augment, self.wave_rng)
+        batch = encode_supervised(self.processor, audios,
                                   [it["language"] for it in items], [it["text"] for it in items])
         model = self.model
         features = spec_augment(batch["input_features"], batch["input_features_mask"],
