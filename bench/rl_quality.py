@@ -1,0 +1,104 @@
+"""What RL did to recognition, per run of an MLflow experiment: held-out CER (dev and
+the held-out-voice split, overall and per language) at step 0 and as the mean of the
+last evaluations inside a time budget, their relative drops, and the reward's
+components (CER, keyword, language, smoothness) early and late, so a CER gain that
+comes with gamed keyword or smoothness scores shows.
+
+    python bench/rl_quality.py --experiment NAME [--minutes 45] [--last 3] [--out quality.json]
+
+Prints a markdown table; --out also writes the figures as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from mlflow.tracking import MlflowClient
+
+from asr_grpo.tracking.runs import history, mean
+
+EVAL_SETS = {"dev": "eval/cer", "heldout_voices": "eval/heldout_voices/cer"}
+LANGUAGES = ("en", "zh")
+REWARDS = ("reward/total", "reward/cer", "reward/keyword", "reward/language", "reward/smoothness", "kl/policy_ref")
+
+
+def eval_summary(points: dict[int, float], minutes_at: dict[int, float], budget_min: float, last: int) -> dict:
+    """CER at step 0, the mean of the last `last` evaluations after it inside the budget,
+    and the relative drop (positive: better)."""
+    inside = [s for s in sorted(points) if s > 0 and minutes_at.get(s, float("inf")) <= budget_min]
+    start = points.get(0, float("nan"))
+    tail = inside[-last:]
+    end = mean(points[s] for s in tail)
+    return {"start": start, "end": end, "drop": (start - end) / start if start else float("nan"),
+            "steps": tail, "minutes": [round(minutes_at[s], 1) for s in tail]}
+
+
+def run_quality(client: MlflowClient, run, budget_min: float, last: int, window: int) -> dict:
+    rid = run.info.run_id
+    wall = history(client, rid, "perf/wall_clock")
+    minutes_at = {0: 0.0, **{s: v / 60 for s, v in wall.items()}}
+    row = {"run_id": rid, "run_name": run.info.run_name, "seed": run.data.params.get("seed"),
+           "steps": max(wall, default=0), "minutes": round(max(wall.values(), default=0) / 60, 1)}
+    for name, key in EVAL_SETS.items():
+        for suffix in ("", *(f"/{lang}" for lang in LANGUAGES)):
+            points = history(client, rid, key + suffix)
+            if points:
+                row[f"{name}{suffix}"] = eval_summary(points, minutes_at, budget_min, last)
+    for key in REWARDS:
+        values = history(client, rid, key)
+        steps = sorted(s for s in values if minutes_at.get(s, float("inf")) <= budget_min)
+        if steps:
+            row[key] = {"first": mean(values[s] for s in steps[:window]),
+                        "last": mean(values[s] for s in steps[-window:])}
+    return row
+
+
+def labels(rows: list[dict]) -> list[str]:
+    """Each run's name (Hydra's overrides, comma-separated) without the overrides every
+    run shares: what tells the runs apart."""
+    parts = [r["run_name"].split(",") for r in rows]
+    common = set.intersection(*map(set, parts)) if len(parts) > 1 else set()
+    return [",".join(p for p in ps if p not in common) or r["run_name"] for ps, r in zip(parts, rows)]
+
+
+def table(rows: list[dict]) -> str:
+    cols = ["dev", "dev/en", "dev/zh", "heldout_voices", "heldout_voices/en", "heldout_voices/zh"]
+    names = labels(rows)
+    lines = ["| run | steps (min) | " + " | ".join(f"{c} CER: start -> end (drop)" for c in cols) + " |",
+             "|" + " --- |" * (len(cols) + 2)]
+    for name, r in zip(names, rows):
+        cells = [f"{100 * r[c]['start']:.1f} -> {100 * r[c]['end']:.1f}% ({100 * r[c]['drop']:+.1f}%)"
+                 if c in r else "-" for c in cols]
+        lines.append(f"| {name} | {r['steps']} ({r['minutes']}) | " + " | ".join(cells) + " |")
+    lines += ["", "| run | " + " | ".join(f"{k}: first -> last" for k in REWARDS) + " |",
+              "|" + " --- |" * (len(REWARDS) + 1)]
+    for name, r in zip(names, rows):
+        lines.append(f"| {name} | " + " | ".join(
+            f"{r[k]['first']:.3f} -> {r[k]['last']:.3f}" if k in r else "-" for k in REWARDS) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experiment", required=True)
+    p.add_argument("--tracking-uri", default="sqlite:///outputs/mlflow.db")
+    p.add_argument("--minutes", type=float, default=45.0, help="time budget: evaluations after it are left out")
+    p.add_argument("--last", type=int, default=3, help="evaluations averaged at the end")
+    p.add_argument("--window", type=int, default=50, help="steps averaged for the early and late rewards")
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    client = MlflowClient(tracking_uri=args.tracking_uri)
+    experiment = client.get_experiment_by_name(args.experiment)
+    if experiment is None:
+        raise SystemExit(f"rl_quality: no MLflow experiment {args.experiment!r} at {args.tracking_uri}")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    rows = [run_quality(client, r, args.minutes, args.last, args.window)
+            for r in runs if "perf/wall_clock" in r.data.metrics]
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(json.dumps({"minutes": args.minutes, "last": args.last, "runs": rows}, indent=1) + "\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The default GRPO experiment (experiment=grpo_45min: 750 steps, held-out CER on 200 dev
+# and 200 held-out-voice utterances every 50 steps) on several seeds, one after another,
+# then the quality table from their MLflow runs: CER at step 0 and as the mean of the last
+# three evaluations inside 45 minutes, overall, per language and on unseen voices, and
+# the reward's components early and late.
+#
+#   bash bench/rl_quality.sh [OUT_DIR] [SEED ...]          (default: bench/results/rl_quality 0 1 2)
+#   OVERRIDES="algorithm.temperature=1.0" bash bench/rl_quality.sh ...   # a variant of the recipe
+#
+# OUT_DIR gets quality.md and quality.json. About 45 minutes a seed on 2 CPU cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=${1:-bench/results/rl_quality}
+shift || true
+SEEDS=("$@")
+[ ${#SEEDS[@]} -gt 0 ] || SEEDS=(0 1 2)
+EXPERIMENT=${EXPERIMENT:-"rl-quality-$(date +%Y%m%d-%H%M%S)"}
+read -r -a EXTRA <<< "${OVERRIDES:-}"
+for seed in "${SEEDS[@]}"; do
+  "$PY" -m asr_grpo.run experiment=grpo_45min overlap=none placement=colocate "seed=$seed" \
+      "logger.experiment_name=$EXPERIMENT" "${EXTRA[@]}"
+done
+mkdir -p "$OUT"
+"$PY" bench/rl_quality.py --experiment "$EXPERIMENT" --out "$OUT/quality.json" > "$OUT/quality.md"
+cat "$OUT/quality.md"

@@ -1,0 +1,68 @@
+"""bench/rl_quality.py reads an RL run back from MLflow: the start CER, the mean of the
+last evaluations inside the time budget, relative drops, early and late rewards."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "rl_quality.py"
+
+
+def load_rl_quality():
+    spec = importlib.util.spec_from_file_location("rl_quality", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_end_is_the_mean_of_the_last_evaluations_inside_the_budget():
+    q = load_rl_quality()
+    points = {0: 0.40, 50: 0.38, 100: 0.36, 150: 0.34, 200: 0.32, 250: 0.10}
+    minutes = {0: 0.0, 50: 10.0, 100: 20.0, 150: 30.0, 200: 44.9, 250: 45.1}   # 250: past 45 min
+    out = q.eval_summary(points, minutes, budget_min=45.0, last=3)
+    assert out["steps"] == [100, 150, 200]
+    assert out["end"] == pytest.approx(0.34) and out["start"] == 0.40
+    assert out["drop"] == pytest.approx(0.15)
+    assert q.eval_summary(points, minutes, budget_min=15.0, last=3)["steps"] == [50]
+
+
+def test_a_logged_run_reads_back_per_set_language_and_reward(tmp_path):
+    q = load_rl_quality()
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("quality", artifact_location=str(tmp_path / "artifacts"))
+    run = client.create_run(experiment, run_name="seed0")
+    client.log_param(run.info.run_id, "seed", "0")
+    metrics = []
+    for step in range(1, 101):
+        metrics += [Metric("perf/wall_clock", step * 30.0, 0, step),          # 30 s a step: 50 min
+                    Metric("reward/total", 0.5 + step / 1000, 0, step),
+                    Metric("reward/keyword", 0.4 if step <= 50 else 0.6, 0, step)]
+    for step in range(0, 101, 20):
+        metrics += [Metric("eval/cer", 0.30 - step / 1000, 0, step),
+                    Metric("eval/cer/zh", 0.40, 0, step),
+                    Metric("eval/heldout_voices/cer", 0.50 - step / 2000, 0, step)]
+    client.log_batch(run.info.run_id, metrics=metrics)
+    client.set_terminated(run.info.run_id)
+    rows = [q.run_quality(client, r, budget_min=45.0, last=3, window=10)
+            for r in client.search_runs([experiment])]
+    (row,) = rows
+    assert row["seed"] == "0" and row["steps"] == 100 and row["minutes"] == 50.0
+    assert row["dev"]["steps"] == [40, 60, 80]               # step 100 is at 50 min
+    assert row["dev"]["end"] == pytest.approx(0.24) and row["dev"]["drop"] == pytest.approx(0.2)
+    assert row["dev/zh"]["drop"] == pytest.approx(0.0) and "dev/en" not in row
+    assert row["heldout_voices"]["end"] == pytest.approx(0.47)
+    assert row["reward/keyword"] == {"first": 0.4, "last": 0.6}
+    assert row["reward/total"]["first"] == pytest.approx(0.5055)   # steps 1-10
+    table = q.table(rows)
+    assert "30.0 -> 24.0% (+20.0%)" in table and "0.400 -> 0.600" in table
+
+
+def test_runs_are_labelled_by_the_overrides_that_differ():
+    q = load_rl_quality()
+    rows = [{"run_name": "experiment=grpo_45min,seed=0"}, {"run_name": "experiment=grpo_45min,seed=1,trainer.lr=1e-4"}]
+    assert q.labels(rows) == ["seed=0", "seed=1,trainer.lr=1e-4"]
+    assert q.labels(rows[:1]) == ["experiment=grpo_45min,seed=0"]
