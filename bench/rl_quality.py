@@ -55,10 +55,12 @@ def run_quality(client: MlflowClient, run, budget_min: float, last: int, window:
 
 def labels(rows: list[dict]) -> list[str]:
     """Each run's name (Hydra's overrides, comma-separated) without the overrides every
-    run shares: what tells the runs apart."""
+    run shares: what tells the runs apart ("defaults" for a run with none of its own)."""
     parts = [r["run_name"].split(",") for r in rows]
-    common = set.intersection(*map(set, parts)) if len(parts) > 1 else set()
-    return [",".join(p for p in ps if p not in common) or r["run_name"] for ps, r in zip(parts, rows)]
+    if len(parts) < 2:
+        return [r["run_name"] for r in rows]
+    common = set.intersection(*map(set, parts))
+    return [",".join(p for p in ps if p not in common) or "defaults" for ps in parts]
 
 
 def table(rows: list[dict]) -> str:

@@ -65,4 +65,6 @@ def test_runs_are_labelled_by_the_overrides_that_differ():
     q = load_rl_quality()
     rows = [{"run_name": "experiment=grpo_45min,seed=0"}, {"run_name": "experiment=grpo_45min,seed=1,trainer.lr=1e-4"}]
     assert q.labels(rows) == ["seed=0", "seed=1,trainer.lr=1e-4"]
+    assert q.labels([rows[0], {"run_name": "experiment=grpo_45min,seed=0,trainer.lr=1e-4"}]) == [
+        "defaults", "trainer.lr=1e-4"]
     assert q.labels(rows[:1]) == ["experiment=grpo_45min,seed=0"]
