@@ -15,7 +15,7 @@ import json
 
 from mlflow.tracking import MlflowClient
 
-from asr_grpo.tracking.runs import history, mean
+from asr_grpo.tracking.runs import experiment_runs, history, mean
 
 EVAL_SETS = {"dev": "eval/cer", "heldout_voices": "eval/heldout_voices/cer"}
 LANGUAGES = ("en", "zh")
@@ -90,10 +90,10 @@ def main() -> None:
     p.add_argument("--out", default="")
     args = p.parse_args()
     client = MlflowClient(tracking_uri=args.tracking_uri)
-    experiment = client.get_experiment_by_name(args.experiment)
-    if experiment is None:
-        raise SystemExit(f"rl_quality: no MLflow experiment {args.experiment!r} at {args.tracking_uri}")
-    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    try:
+        runs = experiment_runs(client, args.experiment)
+    except ValueError as exc:
+        raise SystemExit(f"rl_quality: {exc}") from None
     rows = [run_quality(client, r, args.minutes, args.last, args.window)
             for r in runs if "perf/wall_clock" in r.data.metrics]
     if args.out:

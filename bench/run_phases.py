@@ -12,7 +12,7 @@ import statistics
 
 from mlflow.tracking import MlflowClient
 
-from asr_grpo.tracking.runs import history
+from asr_grpo.tracking.runs import experiment_runs, history
 
 EVALS = ("eval/cer", "eval/heldout_voices/cer")
 PHASES = ("perf/time/step", "perf/time/rollout", "perf/time/scoring_wall", "perf/time/training", "perf/time/sync",
@@ -38,11 +38,10 @@ def main() -> None:
     p.add_argument("--out", default="")
     args = p.parse_args()
     client = MlflowClient(tracking_uri=args.tracking_uri)
-    experiment = client.get_experiment_by_name(args.experiment)
-    if experiment is None:
-        raise SystemExit(f"run_phases: no MLflow experiment {args.experiment!r} at {args.tracking_uri}")
-    runs = client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'",
-                              order_by=["attributes.start_time ASC"])
+    try:
+        runs = experiment_runs(client, args.experiment, "attributes.status = 'FINISHED'")
+    except ValueError as exc:
+        raise SystemExit(f"run_phases: {exc}") from None
     rl_runs = [r for r in runs if "rollout.engine" in r.data.params]   # not compare's own report run
     text = json.dumps([run_phases(client, r) for r in rl_runs], indent=1)
     if args.out:

@@ -24,6 +24,15 @@ class RunNotComparable(ValueError):
 GROUP_LENGTHS = "rollout/group_lengths.json"
 
 
+def experiment_runs(client, name: str, filter_string: str = "") -> list:
+    """The runs of MLflow experiment `name`, oldest first; ValueError naming the
+    experiment and the tracking URI when there is none of that name."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        raise ValueError(f"no MLflow experiment {name!r} at {client.tracking_uri}")
+    return client.search_runs([experiment.experiment_id], filter_string, order_by=["attributes.start_time ASC"])
+
+
 def history(client, run_id: str, key: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 
