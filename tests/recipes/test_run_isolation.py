@@ -141,3 +141,28 @@ def test_random_init_builds_fresh_weights_once_and_skips_sft(tmp_path):
 def test_a_model_path_that_cannot_load_fails_naming_it(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"model.path='{tmp_path}/nothing': .* does not exist"):
         prepare_start_checkpoint(compose_cfg(tmp_path, f"model.path={tmp_path}/nothing"))
+
+
+def test_sft_records_its_corpus_and_rl_accepts_it(root):
+    from asr_grpo.data import corpus_hash
+    from asr_grpo.models import checkpoint_metadata
+    from asr_grpo.recipes.start_checkpoint import other_corpus_problem
+
+    cfg = compose_cfg(root)
+    meta = checkpoint_metadata(cfg.model.path)
+    assert meta["corpus"] == corpus_hash(cfg.data.corpus)
+    assert other_corpus_problem(cfg, meta) is None
+
+
+def test_an_sft_checkpoint_of_another_corpus_is_named_with_both_hashes(tmp_path):
+    from asr_grpo.data import corpus_hash
+    from asr_grpo.recipes.start_checkpoint import other_corpus_problem
+
+    cfg = compose_cfg(tmp_path)
+    current = corpus_hash(cfg.data.corpus)
+    assert other_corpus_problem(cfg, {"corpus": current}) is None
+    assert f"trained on corpus 0123abcd, this run uses corpus {current}" in other_corpus_problem(
+        cfg, {"corpus": "0123abcd"})
+    assert "trained on an earlier corpus" in other_corpus_problem(cfg, {"stage": "sft"})
+    own = compose_cfg(tmp_path, *(f"data.{s}_manifest={tmp_path}/{s}.jsonl" for s in ("train", "dev", "test")))
+    assert other_corpus_problem(own, {}) is None      # the user's data: no corpus to compare

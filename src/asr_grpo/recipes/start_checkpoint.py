@@ -16,8 +16,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from asr_grpo.data import AsrDataset, resolve_manifests
-from asr_grpo.models import checkpoint_problem, fresh_model, is_complete_checkpoint, save_hf_checkpoint
+from asr_grpo.data import AsrDataset, corpus_hash, resolve_manifests
+from asr_grpo.data.dataset import uses_embedded_corpus
+from asr_grpo.models import (
+    checkpoint_metadata,
+    checkpoint_problem,
+    fresh_model,
+    is_complete_checkpoint,
+    save_hf_checkpoint,
+)
 from asr_grpo.recipes.sft import is_sft_output, run_sft
 
 log = logging.getLogger(__name__)
@@ -47,12 +54,29 @@ def build_fresh_weights(cfg) -> Path:
     return save_hf_checkpoint(model, processor, path, {"init": "random"})
 
 
+def other_corpus_problem(cfg, metadata: dict) -> str | None:
+    """Why the SFT checkpoint (its `metadata`) does not match the embedded corpus this run
+    uses (SFT records the corpus hash it trained on), or None. A checkpoint from an
+    earlier corpus still loads, but it never heard the current corpus' speakers."""
+    if not uses_embedded_corpus(cfg.data):
+        return None
+    current, trained = corpus_hash(cfg.data.corpus), metadata.get("corpus")
+    if trained == current:
+        return None
+    return (f"the SFT checkpoint {cfg.model.path} was trained on "
+            f"{f'corpus {trained}' if trained else 'an earlier corpus'}, this run uses corpus {current}: "
+            f"its CERs are not those of a model trained on this data; delete the folder (RL then rebuilds "
+            f"it) or run `python -m asr_grpo.sft`")
+
+
 def prepare_start_checkpoint(cfg) -> str:
     """The folder (or hub id) the policy, reference and critic load."""
     if cfg.model.init == "random":
         return str(build_fresh_weights(cfg))
     problem = checkpoint_problem(cfg.model.path)
     if problem is None:
+        if is_sft_output(cfg) and (mismatch := other_corpus_problem(cfg, checkpoint_metadata(cfg.model.path))):
+            log.warning(mismatch)
         return str(cfg.model.path)
     if not is_sft_output(cfg):
         raise FileNotFoundError(f"model.path={cfg.model.path!r}: {problem}")
