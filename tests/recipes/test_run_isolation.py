@@ -143,26 +143,24 @@ def test_a_model_path_that_cannot_load_fails_naming_it(tmp_path):
         prepare_start_checkpoint(compose_cfg(tmp_path, f"model.path={tmp_path}/nothing"))
 
 
-def test_sft_records_its_corpus_and_rl_accepts_it(root):
-    from asr_grpo.data import corpus_hash
+def test_sft_records_its_training_manifest_and_rl_checks_it(root, tmp_path):
+    from asr_grpo.data import resolve_manifests
+    from asr_grpo.data.manifest import manifest_digest
     from asr_grpo.models import checkpoint_metadata
-    from asr_grpo.recipes.start_checkpoint import other_corpus_problem
+    from asr_grpo.recipes.start_checkpoint import other_training_data_problem
 
     cfg = compose_cfg(root)
     meta = checkpoint_metadata(cfg.model.path)
-    assert meta["corpus"] == corpus_hash(cfg.data.corpus)
-    assert other_corpus_problem(cfg, meta) is None
-
-
-def test_an_sft_checkpoint_of_another_corpus_is_named_with_both_hashes(tmp_path):
-    from asr_grpo.data import corpus_hash
-    from asr_grpo.recipes.start_checkpoint import other_corpus_problem
-
-    cfg = compose_cfg(tmp_path)
-    current = corpus_hash(cfg.data.corpus)
-    assert other_corpus_problem(cfg, {"corpus": current}) is None
-    assert f"trained on corpus 0123abcd, this run uses corpus {current}" in other_corpus_problem(
-        cfg, {"corpus": "0123abcd"})
-    assert "trained on an earlier corpus" in other_corpus_problem(cfg, {"stage": "sft"})
-    own = compose_cfg(tmp_path, *(f"data.{s}_manifest={tmp_path}/{s}.jsonl" for s in ("train", "dev", "test")))
-    assert other_corpus_problem(own, {}) is None      # the user's data: no corpus to compare
+    train = resolve_manifests(cfg.data, root).train
+    assert meta["train_manifest_sha256"] == manifest_digest(train)
+    assert other_training_data_problem(cfg, meta) is None
+    # Another corpus (one more training utterance): named, with both digests.
+    other = compose_cfg(root, "data.corpus.num_train=25")
+    other_train = resolve_manifests(other.data, root).train
+    problem = other_training_data_problem(other, meta)
+    assert f"was not trained on {other_train}" in problem
+    digests = meta["train_manifest_sha256"][:12], manifest_digest(other_train)[:12]
+    assert "its digest {}, the manifest's {}".format(*digests) in problem
+    assert "was not recorded" in other_training_data_problem(cfg, {"stage": "sft"})   # an older checkpoint
+    # A corpus change that leaves train alone (more RL prompts) is no problem.
+    assert other_training_data_problem(compose_cfg(root, "data.corpus.num_rl=9"), meta) is None

@@ -9,6 +9,7 @@ audio file, so a bad line fails (or is skipped and counted) before training star
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -18,8 +19,8 @@ from pathlib import Path
 from asr_grpo.data.audio import check_audio_file
 from asr_grpo.data.languages import LANGUAGES, canonical_code, script_problem
 
-__all__ = ["LANGUAGES", "ManifestError", "ManifestReadResult", "Utterance", "read_manifest",
-           "script_problem"]
+__all__ = ["LANGUAGES", "ManifestError", "ManifestReadResult", "Utterance", "manifest_digest",
+           "read_manifest", "script_problem"]
 
 ON_BAD = ("error", "skip")
 # The manifest's duration may be rounded; a larger gap means it points at the wrong file.
@@ -167,3 +168,7 @@ def read_manifest(path: str | Path, *, on_bad: str = "error", min_duration_s: fl
             result.utterances.append(utt)
     return result
 
+
+def manifest_digest(path: str | Path) -> str:
+    """SHA-256 of the manifest file's bytes: which data a checkpoint was trained on."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -16,9 +16,9 @@ from tqdm import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from asr_grpo.config.schema import RunConfig
-from asr_grpo.data import AsrDataset, corpus_hash, resolve_manifests, skipped_lines
+from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
 from asr_grpo.data.augment import perturb_batch, spec_augment
-from asr_grpo.data.dataset import uses_embedded_corpus
+from asr_grpo.data.manifest import manifest_digest
 from asr_grpo.evaluation import evaluate_dataset, evaluation_sets, metrics_of_sets
 from asr_grpo.models import (
     IGNORE_INDEX,
@@ -235,8 +235,8 @@ class SFTRecipe:
     def save(self, dev_metrics: dict[str, float]) -> Path:
         meta = {"stage": "sft", "steps": self.steps_done, "train_seconds": round(self.train_seconds, 1),
                 "dev": dev_metrics, **self.counts.as_dict()}
-        if uses_embedded_corpus(self.cfg.data):   # RL warns when the corpus has changed since
-            meta["corpus"] = corpus_hash(self.cfg.data.corpus)
+        # RL warns when its training manifest is no longer this one (e.g. a new corpus).
+        meta["train_manifest_sha256"] = manifest_digest(self.train_set.manifest_path)
         set_frontend_memory_format(self.model, torch.contiguous_format)
         path = save_hf_checkpoint(self.model, self.processor, self.cfg.sft.output_dir, meta)
         for name, rows in self.last_eval_rows.items():   # dev_transcripts.jsonl, ...

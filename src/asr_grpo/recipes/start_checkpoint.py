@@ -16,8 +16,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from asr_grpo.data import AsrDataset, corpus_hash, resolve_manifests
-from asr_grpo.data.dataset import uses_embedded_corpus
+from asr_grpo.data import AsrDataset, resolve_manifests
+from asr_grpo.data.manifest import manifest_digest
 from asr_grpo.models import (
     checkpoint_metadata,
     checkpoint_problem,
@@ -54,19 +54,18 @@ def build_fresh_weights(cfg) -> Path:
     return save_hf_checkpoint(model, processor, path, {"init": "random"})
 
 
-def other_corpus_problem(cfg, metadata: dict) -> str | None:
-    """Why the SFT checkpoint (its `metadata`) does not match the embedded corpus this run
-    uses (SFT records the corpus hash it trained on), or None. A checkpoint from an
-    earlier corpus still loads, but it never heard the current corpus' speakers."""
-    if not uses_embedded_corpus(cfg.data):
-        return None
-    current, trained = corpus_hash(cfg.data.corpus), metadata.get("corpus")
+def other_training_data_problem(cfg, metadata: dict) -> str | None:
+    """Why the SFT checkpoint (its `metadata`) was not trained on this run's training
+    manifest (SFT records the manifest's digest), or None. Such a checkpoint still loads,
+    but, e.g. after a corpus generator change, it never heard the current speakers."""
+    manifest = resolve_manifests(cfg.data, cfg.paths.output_root).train
+    current, trained = manifest_digest(manifest), metadata.get("train_manifest_sha256")
     if trained == current:
         return None
-    return (f"the SFT checkpoint {cfg.model.path} was trained on "
-            f"{f'corpus {trained}' if trained else 'an earlier corpus'}, this run uses corpus {current}: "
-            f"its CERs are not those of a model trained on this data; delete the folder (RL then rebuilds "
-            f"it) or run `python -m asr_grpo.sft`")
+    return (f"the SFT checkpoint {cfg.model.path} was not trained on {manifest} (its digest "
+            f"{trained[:12] if trained else 'was not recorded'}, the manifest's {current[:12]}): its CERs are "
+            f"not those of a model trained on this data; delete the folder (RL then rebuilds it) or run "
+            f"`python -m asr_grpo.sft`")
 
 
 def prepare_start_checkpoint(cfg) -> str:
@@ -75,7 +74,7 @@ def prepare_start_checkpoint(cfg) -> str:
         return str(build_fresh_weights(cfg))
     problem = checkpoint_problem(cfg.model.path)
     if problem is None:
-        if is_sft_output(cfg) and (mismatch := other_corpus_problem(cfg, checkpoint_metadata(cfg.model.path))):
+        if is_sft_output(cfg) and (mismatch := other_training_data_problem(cfg, checkpoint_metadata(cfg.model.path))):
             log.warning(mismatch)
         return str(cfg.model.path)
     if not is_sft_output(cfg):
