@@ -1,6 +1,10 @@
 """Small helpers shared by tests (importable: `tests/` is on pytest's pythonpath)."""
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 
 from asr_grpo.config.schema import ModelConfig
@@ -47,3 +51,17 @@ def train_sft_logged(recipe, run_name):
     with MlflowRun(recipe.cfg.logger, run_name=run_name, config=recipe.cfg) as tracker:
         recipe.train(tracker)
         return tracker.run_id
+
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load_bench_script(name: str):
+    """bench/<name>.py as a module (bench/ is scripts, not a package); bench/ goes on
+    sys.path too, for scripts that import their neighbours."""
+    if str(BENCH_DIR) not in sys.path:
+        sys.path.insert(0, str(BENCH_DIR))
+    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

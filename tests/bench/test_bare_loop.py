@@ -3,21 +3,15 @@ writes what the comparison with `overlap=none` needs: per-step times that add up
 phase split, finite rewards, response lengths and token checksums."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bare_loop.py"
+from helpers import load_bench_script
 
 
 def load_bare_loop():
-    spec = importlib.util.spec_from_file_location("bare_loop", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("bare_loop")
 
 
 @pytest.mark.slow

@@ -4,19 +4,12 @@ script's tolerance, and the HF baseline differs from it in the engine alone."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from helpers import load_bench_script
 
 
 def load_gpu_vllm():
-    sys.path.insert(0, str(BENCH))   # the script imports overlap_speedup beside it
-    spec = importlib.util.spec_from_file_location("gpu_vllm", BENCH / "gpu_vllm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("gpu_vllm")   # it imports overlap_speedup beside it
 
 
 def test_both_runs_compose_and_differ_only_in_the_engine(tmp_path):

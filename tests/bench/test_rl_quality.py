@@ -2,21 +2,14 @@
 last evaluations inside the time budget, relative drops, early and late rewards."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from helpers import load_bench_script
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "rl_quality.py"
-
 
 def load_rl_quality():
-    spec = importlib.util.spec_from_file_location("rl_quality", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("rl_quality")
 
 
 def test_the_end_is_the_mean_of_the_last_evaluations_inside_the_budget():
