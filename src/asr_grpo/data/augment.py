@@ -18,16 +18,13 @@ import numpy as np
 import torch
 
 from asr_grpo.config.schema import SpecAugmentConfig, WaveAugmentConfig
+from asr_grpo.data.audio import resample
 
 
 def speed_perturb(audio: np.ndarray, factor: float) -> np.ndarray:
     """`audio` played `factor` times faster (shorter, higher-pitched above 1); the factor
-    is taken to 1/100."""
-    from scipy.signal import resample_poly
-
-    up, down = 100, int(round(factor * 100))
-    g = math.gcd(up, down)
-    return audio if up == down else resample_poly(audio, up // g, down // g).astype(np.float32)
+    is taken to 1/100: the waveform resampled from 100 to that many samples per 100."""
+    return resample(audio, int(round(factor * 100)), 100)
 
 
 def _power(audio: np.ndarray) -> float:
