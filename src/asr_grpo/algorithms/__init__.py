@@ -7,6 +7,7 @@ from .advantages import (
     reinforce_baseline_advantages,
     rloo_advantages,
 )
+from .downsample import downsample_groups, max_variance_subset
 from .kl import KL_ESTIMATORS, MAX_LOG_RATIO, kl_penalty, token_level_rewards
 from .losses import (
     LOSS_AGG_MODES,
@@ -24,10 +25,10 @@ from .losses import (
 
 __all__ = [
     "KL_ESTIMATORS", "LOSS_AGG_MODES", "MAX_LOG_RATIO",
-    "aggregate_loss", "broadcast_to_tokens", "compute_outcome_advantages",
+    "aggregate_loss", "broadcast_to_tokens", "compute_outcome_advantages", "downsample_groups",
     "entropy_from_logits", "explained_variance", "gae_advantages",
     "group_norm_advantages", "kl_penalty", "logprobs_from_logits", "masked_mean",
-    "masked_var", "masked_whiten", "policy_loss", "reinforce_baseline_advantages",
+    "masked_var", "masked_whiten", "max_variance_subset", "policy_loss", "reinforce_baseline_advantages",
     "rloo_advantages", "token_level_rewards", "truncated_importance_weights",
     "value_loss",
 ]

@@ -236,6 +236,9 @@ class AlgorithmConfig:
     name: AlgorithmName = AlgorithmName.grpo
     advantage_estimator: AdvantageEstimator = AdvantageEstimator.rloo
     n_samples_per_prompt: int = 8
+    # Train on this many of each prompt's n samples, those whose rewards spread most
+    # (max-variance down-sampling: decoding is cheap next to training); null: all n.
+    train_samples_per_prompt: Optional[int] = None
     gamma: float = 1.0
     lam: float = 0.95
     kl_coef: float = 0.01

@@ -15,6 +15,7 @@ from typing import Sequence
 import ray
 import torch
 
+from asr_grpo.algorithms import downsample_groups
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.experience.advantages import estimate_advantages
 from asr_grpo.experience.types import ExperienceItem, PromptGroup, SequenceRef, check_finite
@@ -36,12 +37,17 @@ def split_even(items: Sequence, parts: int) -> list[list]:
     return out
 
 
+def samples_trained_per_prompt(algo) -> int:
+    """How many samples of each prompt group an update trains on."""
+    return algo.train_samples_per_prompt or algo.n_samples_per_prompt
+
+
 def experience_items(algo, seqs: list[SequenceResult], refs: list[SequenceRef], old, ref, values,
-                     rewards: torch.Tensor) -> tuple[list[ExperienceItem], object]:
-    """Scored sequences -> advantages and the experience items an update takes (checked
-    finite); returns (items, the advantage estimate with its metrics)."""
-    adv = estimate_advantages(algo, rewards, [len(s.tokens) for s in seqs], old, ref, values,
-                              algo.n_samples_per_prompt)
+                     rewards: torch.Tensor, group_size: int) -> tuple[list[ExperienceItem], object]:
+    """Scored sequences (`group_size` consecutive ones per prompt) -> advantages and the
+    experience items an update takes (checked finite); returns (items, the advantage
+    estimate with its metrics)."""
+    adv = estimate_advantages(algo, rewards, [len(s.tokens) for s in seqs], old, ref, values, group_size)
     items = [ExperienceItem(uid=s.uid, group=s.group, prompt_ids=r.prompt_ids, response_ids=s.tokens,
                             features=r.features, advantages=adv.advantages[i], old_logprobs=old[i],
                             behaviour_logprobs=torch.tensor(s.logprobs), versions=list(s.versions),
@@ -131,13 +137,24 @@ class ExperienceMaker:
                 "keywords": [list(u["keywords"]) for u in utts],
                 "finish_reasons": [s.finish_reason for s in seqs], "sample_ids": [s.uid for s in seqs]}
 
+    def _score_rewards(self, groups: list[PromptGroup], seqs: list[SequenceResult], refs: list[SequenceRef],
+                       streamed: dict) -> RewardResult:
+        batch = self.reward_batch(groups, seqs)
+        if self.reward_model is not None:
+            # The reward function takes the model-based component as an input.
+            lm = self._launch(self.reward_model, "compute_fluency", refs, streamed.get("lm"))()
+            batch["lm_scores"] = [float(x) for x in lm]
+        return self._rewards(batch, len(seqs))
+
     def make(self, groups: list[PromptGroup], results: dict[str, list[SequenceResult]],
              streamed: dict | None = None, version: int | None = None
              ) -> tuple[list[ExperienceItem], dict[str, float]]:
         """`streamed` (scorer -> `StreamedScores`) holds what the streaming scorers made
         during the rollout; only what it does not cover is computed here. The actor's
         old log-probs are launched first, so they run while the scorers drain. `version`
-        is the weights version that sampled this step's fresh tokens (the step)."""
+        is the weights version that sampled this step's fresh tokens (the step).
+        With `algorithm.train_samples_per_prompt` the rewards come first: they choose
+        the samples that train, and only those are scored."""
         algo = self.cfg.algorithm
         streamed = streamed or {}
         by_uid = {g.uid: g for g in groups}
@@ -145,6 +162,14 @@ class ExperienceMaker:
         refs = [SequenceRef(s.uid, by_uid[s.group].prompt_ids, s.tokens, by_uid[s.group].features,
                             by_uid[s.group].utterance["language"]) for s in seqs]
         t0 = time.monotonic()
+        sampled = reward = None
+        per_prompt = samples_trained_per_prompt(algo)
+        if per_prompt < algo.n_samples_per_prompt:
+            sampled = self._score_rewards(groups, seqs, refs, streamed)
+            # A group with a dropped sample stays whole: the drop below removes it whole.
+            bad = {s.group for s, k in zip(seqs, sampled.keep.tolist()) if not k}
+            keep = downsample_groups(sampled.total, [s.group for s in seqs], per_prompt, bad)
+            seqs, refs, reward = [seqs[i] for i in keep], [refs[i] for i in keep], sampled.select(keep)
         # Launch every scorer before waiting on any: they live in different actors.
         reused = self._reusable_old_logprobs(seqs, version)
         pending = {"old": self._launch(self.policy, "compute_logprobs", refs, KnownScores(reused) if reused else None)}
@@ -152,12 +177,8 @@ class ExperienceMaker:
             pending["ref"] = self._launch(self.ref, "compute_logprobs", refs, streamed.get("ref"))
         if self.critic is not None:
             pending["values"] = self._launch(self.critic, "compute_values", refs, streamed.get("values"))
-        batch = self.reward_batch(groups, seqs)
-        if self.reward_model is not None:
-            # The reward function takes the model-based component as an input.
-            lm = self._launch(self.reward_model, "compute_fluency", refs, streamed.get("lm"))()
-            batch["lm_scores"] = [float(x) for x in lm]
-        reward = self._rewards(batch, len(seqs))
+        if reward is None:
+            reward = sampled = self._score_rewards(groups, seqs, refs, streamed)
         got = {k: v() for k, v in pending.items()}
         score_s = time.monotonic() - t0
         old, ref, values = got["old"], got.get("ref"), got.get("values")
@@ -171,18 +192,18 @@ class ExperienceMaker:
             seqs, refs, old = [seqs[i] for i in keep], [refs[i] for i in keep], [old[i] for i in keep]
             ref = None if ref is None else [ref[i] for i in keep]
             values = None if values is None else [values[i] for i in keep]
-            reward = RewardResult(total=reward.total[keep], scores=reward.scores[keep],
-                                  components={k: v[keep] for k, v in reward.components.items()},
-                                  keep=torch.ones(len(keep), dtype=torch.bool))
+            reward = reward.select(keep)
         faults = {"reward/dropped": float(dropped), "reward/dropped_groups": float(dropped_groups),
                   "faults/rescored_sequences": float(self.rescored),
                   "faults/reward_worker_restarts": float(self.reward_restarts)}
+        # The reward logged is every sampled transcript's: what the policy does, whether
+        # or not down-sampling trains on all of them.
         if not seqs:   # every group dropped: nothing to train on this step
             log.warning("every sampled group was dropped by reward.on_bad_reward=drop: no update this step")
-            return [], {**reward.log("reward/"), **faults, "perf/time/scoring": score_s}
-        items, adv = experience_items(algo, seqs, refs, old, ref, values, reward.total)
+            return [], {**sampled.log("reward/"), **faults, "perf/time/scoring": score_s}
+        items, adv = experience_items(algo, seqs, refs, old, ref, values, reward.total, per_prompt)
         lengths = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.float32)
-        metrics = {**reward.log("reward/"), **adv.metrics, **faults, "perf/time/scoring": score_s,
+        metrics = {**sampled.log("reward/"), **adv.metrics, **faults, "perf/time/scoring": score_s,
                    "charts/response_length": float(lengths.mean()),
                    "charts/response_length_p50": float(lengths.quantile(0.5)),
                    "charts/response_length_p90": float(lengths.quantile(0.9)),
@@ -191,5 +212,6 @@ class ExperienceMaker:
                    "overlap/streamed_frac": sum(len(v.uids) for v in streamed.values())
                    / (len(seqs) * len(streamed)) if streamed else 0.0,
                    "charts/truncated_frac": sum(s.finish_reason == "length" for s in seqs) / len(seqs),
-                   "charts/advantage_abs": float(torch.cat(adv.advantages).abs().mean())}
+                   "charts/advantage_abs": float(torch.cat(adv.advantages).abs().mean()),
+                   "charts/trained_reward": float(reward.total[reward.keep].mean())}
         return items, metrics

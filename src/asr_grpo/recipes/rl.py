@@ -28,7 +28,7 @@ from asr_grpo.distributed.placement import create_placement_group, plan_placemen
 from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
 from asr_grpo.distributed.role_group import RoleGroup
 from asr_grpo.evaluation import evaluation_sets, load_first, metrics_of_sets
-from asr_grpo.experience.maker import ExperienceMaker, split_even
+from asr_grpo.experience.maker import ExperienceMaker, samples_trained_per_prompt, split_even
 from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.experience.sync_check import check_sequences, check_weight_sync
 from asr_grpo.models import load_processor
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 
 def optimizer_steps_per_rl_step(cfg) -> int:
-    per_rank = cfg.trainer.prompts_per_step * cfg.algorithm.n_samples_per_prompt // cfg.placement.actor_num_ranks
+    per_rank = cfg.trainer.prompts_per_step * samples_trained_per_prompt(cfg.algorithm) // cfg.placement.actor_num_ranks
     micro = math.ceil(per_rank / cfg.trainer.micro_batch_size)
     return max(1, cfg.trainer.train_epochs * micro // cfg.trainer.grad_accum_steps)
 

@@ -78,6 +78,11 @@ class RewardResult:
                    keep=torch.cat([p.keep for p in parts]),
                    components={k: torch.cat([component(p, k) for p in parts]) for k in names})
 
+    def select(self, index: Sequence[int]) -> "RewardResult":
+        """The samples at `index`, in that order."""
+        return RewardResult(total=self.total[index], scores=self.scores[index], keep=self.keep[index],
+                            components={k: v[index] for k, v in self.components.items()})
+
     def log(self, prefix: str = "reward/") -> dict[str, float]:
         """Means over the kept samples of the total and every component, plus the
         number of dropped samples."""
