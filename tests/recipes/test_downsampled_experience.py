@@ -51,6 +51,7 @@ def test_each_group_trains_on_its_max_variance_samples(root):
         assert metrics["reward/total"] == pytest.approx(sum(rewards.values()) / len(rewards), abs=1e-5)
         assert metrics["charts/trained_reward"] == pytest.approx(
             sum(rewards[it.uid] for it in items) / len(items), abs=1e-5)
+        assert metrics["overlap/streamed_frac"] == pytest.approx(1.0)   # of all n samples, not of the kept m
         assert metrics["charts/grad_norm"] > 0   # the update ran on the kept samples
     finally:
         recipe.cleanup()

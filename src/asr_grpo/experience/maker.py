@@ -162,6 +162,7 @@ class ExperienceMaker:
         refs = [SequenceRef(s.uid, by_uid[s.group].prompt_ids, s.tokens, by_uid[s.group].features,
                             by_uid[s.group].utterance["language"]) for s in seqs]
         t0 = time.monotonic()
+        num_sampled = len(seqs)
         sampled = reward = None
         per_prompt = samples_trained_per_prompt(algo)
         if per_prompt < algo.n_samples_per_prompt:
@@ -210,7 +211,7 @@ class ExperienceMaker:
                    "charts/response_length_max": float(lengths.max()),
                    "experience/old_logprobs_reused_frac": sum(s.uid in reused for s in seqs) / len(seqs),
                    "overlap/streamed_frac": sum(len(v.uids) for v in streamed.values())
-                   / (len(seqs) * len(streamed)) if streamed else 0.0,
+                   / (num_sampled * len(streamed)) if streamed else 0.0,
                    "charts/truncated_frac": sum(s.finish_reason == "length" for s in seqs) / len(seqs),
                    "charts/advantage_abs": float(torch.cat(adv.advantages).abs().mean()),
                    "charts/trained_reward": float(reward.total[reward.keep].mean())}
