@@ -231,7 +231,8 @@ def experience(cfg, seqs, refs, old, ref, reward):
     """`ExperienceMaker.make` from the scores on: advantages, items, metrics."""
     from asr_grpo.experience.maker import experience_items
 
-    items, adv = experience_items(cfg.algorithm, seqs, refs, old, ref, None, reward.total)
+    items, adv = experience_items(cfg.algorithm, seqs, refs, old, ref, None, reward.total,
+                                  cfg.algorithm.n_samples_per_prompt)
     lengths = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.float32)
     return items, {**reward.log("reward/"), **adv.metrics, "charts/response_length": float(lengths.mean())}
 
