@@ -21,11 +21,12 @@ def max_variance_subset(rewards: torch.Tensor, m: int) -> list[int]:
     n = rewards.numel()
     if not 1 <= m <= n:
         raise ValueError(f"cannot keep {m} of {n} samples")
-    order = torch.argsort(rewards.double(), stable=True).tolist()
+    values = rewards.double()
+    order = torch.argsort(values, stable=True).tolist()
     best, best_key = None, None
     for top in range(m + 1):
         picked = order[:m - top] + order[n - top:]
-        var = float(rewards.double()[picked].var(unbiased=False))
+        var = float(values[picked].var(unbiased=False))
         key = (var, -abs(2 * top - m))
         if best_key is None or key > best_key:
             best, best_key = picked, key

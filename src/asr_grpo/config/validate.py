@@ -38,12 +38,12 @@ def config_problems(cfg: Any) -> list[str]:
     algo, ov, tr, pl = cfg.algorithm, cfg.overlap, cfg.trainer, cfg.placement
     n = algo.n_samples_per_prompt
     need(n >= 1, f"algorithm.n_samples_per_prompt={n}: must be >= 1")
-    if algo.advantage_estimator in ("group_norm", "rloo"):
+    least = 2 if algo.advantage_estimator in ("group_norm", "rloo") else 1   # samples a group needs
+    if least == 2:
         need(n >= 2, f"algorithm.advantage_estimator={algo.advantage_estimator} compares samples of one "
                      f"prompt: algorithm.n_samples_per_prompt must be >= 2 (got {n})")
     m = algo.train_samples_per_prompt
     if m is not None:
-        least = 2 if algo.advantage_estimator in ("group_norm", "rloo") else 1
         need(least <= m <= n, f"algorithm.train_samples_per_prompt={m}: must be between {least} and "
                               f"algorithm.n_samples_per_prompt={n} (or null: train on all samples)")
     if algo.name == "ppo":

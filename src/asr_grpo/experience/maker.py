@@ -214,5 +214,5 @@ class ExperienceMaker:
                    / (num_sampled * len(streamed)) if streamed else 0.0,
                    "charts/truncated_frac": sum(s.finish_reason == "length" for s in seqs) / len(seqs),
                    "charts/advantage_abs": float(torch.cat(adv.advantages).abs().mean()),
-                   "charts/trained_reward": float(reward.total[reward.keep].mean())}
+                   "charts/trained_reward": float(reward.total.mean())}   # the drop above left only kept samples
         return items, metrics
