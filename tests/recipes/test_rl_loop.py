@@ -70,6 +70,17 @@ def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):
     assert all(len(g) == cfg.algorithm.n_samples_per_prompt and min(g) > 0 for gs in lengths_a.values() for g in gs)
 
 
+def test_wall_clock_cap_ends_the_run_evaluated_and_saved(root):
+    # A cap the first step already exceeds: the loop stops after it, with the evaluation and
+    # checkpoint of a last step although neither interval (25) is due.
+    cfg = compose_cfg(root, "trainer.steps=50", "trainer.max_minutes=0.0001", "trainer.eval_every=25",
+                      "trainer.save_every=25", f"trainer.output_dir={root}/rl_capped")
+    summary = run_rl(cfg)
+    assert summary["steps"] == 1
+    assert [s for s, _ in metric_history(cfg, summary["mlflow_run_id"], "eval/cer")] == [0, 1]
+    assert ckpt.latest_checkpoint(cfg.trainer.output_dir).name == "step_000001"
+
+
 def test_ppo_trains_its_critic(root):
     cfg = compose_cfg(root, "algorithm=ppo", "trainer.steps=1", "trainer.save_every=0",
                       f"trainer.output_dir={root}/rl_ppo")

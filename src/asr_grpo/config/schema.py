@@ -351,6 +351,7 @@ class RewardConfig:
 @dataclass
 class TrainerConfig:
     steps: int = 100
+    max_minutes: float | None = None  # wall-clock cap on the training loop: ends early, evaluated and saved
     prompts_per_step: int = 8         # B, in prompt groups
     train_epochs: int = 1
     micro_batch_size: int = 16

@@ -343,18 +343,21 @@ class RLRecipe:
                 with self._trainer_deaths_end_the_run(step):
                     metrics = self.train_step(step)
                     done = step + 1
-                    if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or done == cfg.trainer.steps):
+                    last = done == cfg.trainer.steps or out_of_time(cfg.trainer.max_minutes, t_start)
+                    if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or last):
                         last_eval = self.evaluate()
                         metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
                     metrics["perf/wall_clock"] = time.monotonic() - t_start
                     tracker.log_metrics(metrics, step=done)
-                    if cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or done == cfg.trainer.steps):
+                    if cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or last):
                         self.save(done, tracker.run_id)
                         tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
                 bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}",
                                 cer=f"{last_eval.get('cer', float('nan')):.3f}",
                                 step_s=f"{metrics['perf/time/step']:.1f}")
                 self.step = done
+                if last:
+                    break
             summary.update({"steps": self.step, "train_seconds": time.monotonic() - t_start,
                             "eval_after": last_eval, "mlflow_run_id": tracker.run_id})
             tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
@@ -369,6 +372,11 @@ class RLRecipe:
 
             remove_placement_group(self.pg)
         shutdown_ray()
+
+
+def out_of_time(max_minutes: float | None, t_start: float) -> bool:
+    """Whether the loop has used its wall-clock budget (none: never)."""
+    return max_minutes is not None and time.monotonic() - t_start >= 60 * max_minutes
 
 
 def stream_hidden_prior(cfg) -> float:
