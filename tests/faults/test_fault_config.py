@@ -31,7 +31,7 @@ COMBINATION_FAULTS = {
                                    "placement.actor_gpus=0.8 + placement.ref_gpus=0.5 = 1.3"),
     "PPO without a critic": (["algorithm=ppo", "algorithm.use_critic=false"],
                              "algorithm.name=ppo needs a critic: set algorithm.use_critic=true"),
-    "a wall-clock cap of zero": (["trainer.max_minutes=0"], "trainer.max_minutes=0: must be > 0"),
+    "a wall-clock cap of zero": (["trainer.max_minutes=0"], "trainer.max_minutes=0.0: must be > 0"),
     "more trained samples than sampled": (["algorithm.n_samples_per_prompt=4", "algorithm.train_samples_per_prompt=6"],
                                           "algorithm.train_samples_per_prompt=6: must be between 2 and "
                                           "algorithm.n_samples_per_prompt=4"),
