@@ -1,8 +1,9 @@
 """`KVBatch` extended row by row with 0, 1 or k new tokens gives, per row, the outputs one
 forward pass over the whole sequence gives at the same columns; and the vectorised
-`prefill` / `extend` return exactly (bit for bit) what the per-row loops they replaced
-returned, since the forward sees the same inputs (the next-token output they keep may
-differ by float rounding: only its position goes through the LM head)."""
+`prefill` / `extend` return what the per-row loops they replaced returned, bit for bit
+on most CPUs (to the last bit's rounding on some), since the forward sees the same
+inputs (the next-token output they keep may differ by float rounding: only its
+position goes through the LM head)."""
 from __future__ import annotations
 
 import pytest
@@ -103,7 +104,7 @@ def test_extend_matches_one_forward_pass(tiny_model, tiny_tokenizer, rows):
         torch.testing.assert_close(streamed, full[i, :len(resp)], atol=2e-5, rtol=1e-4)
 
 
-def test_extend_and_prefill_equal_the_per_row_loops_bit_for_bit(tiny_model, tiny_tokenizer, rows):
+def test_extend_and_prefill_equal_the_per_row_loops(tiny_model, tiny_tokenizer, rows):
     pad = tiny_tokenizer.pad_token_id
     new, old = KVBatch(causal_lm_forward(tiny_model), pad), LoopKVBatch(causal_lm_forward(tiny_model), pad)
     new_outs, _ = run_rounds(new, rows)
@@ -111,7 +112,9 @@ def test_extend_and_prefill_equal_the_per_row_loops_bit_for_bit(tiny_model, tiny
     for new_call, old_call in zip(new_outs, old_outs, strict=True):
         assert len(new_call) == len(old_call) == len(rows)
         for a, b in zip(new_call, old_call):
-            assert a.shape == b.shape and torch.equal(a, b)
+            # Bit for bit on most CPUs; some (AMD EPYC here) round the last bit of a few
+            # outputs differently in the batched matmuls.
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     # `last` of the final round comes from a one-row LM head (only the kept position is
     # projected), whose matmul may round differently from the loop's whole-batch one.
     torch.testing.assert_close(new.last, old.last, rtol=0, atol=1e-5)

@@ -8,7 +8,7 @@ from transformers import Qwen3ASRForConditionalGeneration
 from asr_grpo.models.builder import set_audio_encoder_frozen
 from asr_grpo.models.hf_compat import enable_checkpointing, output_cache, with_cache
 from asr_grpo.models.kv_batch import ForwardFn
-from asr_grpo.models.sequences import SequenceBatch, on_model_device
+from asr_grpo.models.sequences import SequenceBatch, hf_module, on_model_device
 
 
 class ValueModel(torch.nn.Module):
@@ -42,7 +42,7 @@ class ValueModel(torch.nn.Module):
 def response_values(model: ValueModel, batch: SequenceBatch) -> torch.Tensor:
     """V(state before response token j) [B, T]: read at the column that predicts token j.
     On the model's device (with grad when it is on)."""
-    values = model(**on_model_device(model, batch.model_inputs()))
+    values = model(**on_model_device(model, batch.shared_audio_inputs(hf_module(model).backbone)))
     return values[:, batch.prompt_width - 1:-1] * batch.response_mask.to(values.device)
 
 

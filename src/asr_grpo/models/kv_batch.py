@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import torch
 
 from asr_grpo.models.hf_compat import keep_kwargs, output_cache, pick_kept, with_cache
-from asr_grpo.models.sequences import AudioFeatures, on_model_device, positions_from_mask, stack_features
+from asr_grpo.models.sequences import AudioFeatures, distinct, on_model_device, positions_from_mask, stack_features
 
 # forward(input_ids, attention_mask, position_ids, cache, keep, [input_features, input_features_mask])
 #   -> (outputs, cache): with keep=None the per-position outputs [B, L, ...]; with `keep` a
@@ -98,14 +98,8 @@ class KVBatch:
         row is extended by its own continuation (a partial response, often empty).
         Returns what `extend` returns for the continuations; equal to prefilling every
         row whole, up to float rounding."""
-        slot: dict[tuple, int] = {}   # (features object, prompt) -> row of the prefilled batch
-        unique, index = [], []        # first row of each distinct prompt; each row's prefilled row
-        for i, p in enumerate(prompts):
-            key = (id(features[i]) if features else None, tuple(p))
-            if key not in slot:
-                slot[key] = len(unique)
-                unique.append(i)
-            index.append(slot[key])
+        # The first row of each distinct (features object, prompt); each row's prefilled row.
+        unique, index = distinct([(id(features[i]) if features else None, tuple(p)) for i, p in enumerate(prompts)])
         self.prefill([prompts[i] for i in unique], [0] * len(unique),
                      [features[i] for i in unique] if features else None)
         # The extend pads every row to the longest continuation, so rows without one

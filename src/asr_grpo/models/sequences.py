@@ -26,6 +26,18 @@ class AudioFeatures:
     mask: torch.Tensor       # [F] (1 = real frame)
 
 
+def distinct(keys: Sequence) -> tuple[list[int], list[int]]:
+    """The first position of each distinct key, and each position's index among them."""
+    slot: dict = {}
+    first, index = [], []
+    for i, key in enumerate(keys):
+        if key not in slot:
+            slot[key] = len(first)
+            first.append(i)
+        index.append(slot[key])
+    return first, index
+
+
 def encode_prompt(processor, audio: np.ndarray, language: str | None,
                   context: str | None = None) -> tuple[list[int], AudioFeatures]:
     """Prompt token ids (audio placeholders expanded) and the utterance's own features."""
@@ -80,11 +92,34 @@ class SequenceBatch:
     response_ids: torch.Tensor       # [B, T]
     response_mask: torch.Tensor      # [B, T] float
     prompt_width: int                # P
+    audio_rows: tuple[list[int], list[int]] | None = None   # `distinct` over the rows' features objects
 
     def model_inputs(self) -> dict:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
                 "position_ids": self.position_ids, "input_features": self.input_features,
                 "input_features_mask": self.input_features_mask}
+
+    def shared_audio_inputs(self, model) -> dict:
+        """`model_inputs` with each distinct utterance encoded once: the samples of a GRPO
+        group share one features object, so the audio encoder and adapter run once per
+        group and every row takes its copy by index (gradients sum over the copies, as
+        over separate encodings). `model` is the HF audio LM (or its backbone) whose
+        forward the result feeds. As `model_inputs` where every row has its own audio or
+        the model has no separate audio encoder."""
+        first, index = self.audio_rows or ([], [])
+        audio_id = getattr(getattr(model, "config", None), "audio_token_id", None)
+        if len(first) == len(index) or audio_id is None or not hasattr(model, "get_audio_features"):
+            return self.model_inputs()
+        moved = on_model_device(model, {"input_ids": self.input_ids, "input_features": self.input_features[first],
+                                        "input_features_mask": self.input_features_mask[first]})
+        audio = model.get_audio_features(moved["input_features"], moved["input_features_mask"],
+                                         return_dict=True).pooler_output   # [tokens of all distinct rows, D]
+        placeholders = moved["input_ids"] == audio_id
+        pieces = torch.split(audio, placeholders[first].sum(dim=1).tolist())
+        embeds = model.get_input_embeddings()(moved["input_ids"])
+        embeds = embeds.masked_scatter(placeholders.unsqueeze(-1).expand_as(embeds),
+                                       torch.cat([pieces[u] for u in index]).to(embeds.dtype))
+        return {"inputs_embeds": embeds, "attention_mask": self.attention_mask, "position_ids": self.position_ids}
 
 
 def pack_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
@@ -102,17 +137,24 @@ def pack_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
             mask[i, P:P + len(r)] = 1
     feats, feat_mask = stack_features(features)
     return SequenceBatch(ids, mask, positions_from_mask(mask), feats, feat_mask,
-                         ids[:, P:].clone(), mask[:, P:].float(), P)
+                         ids[:, P:].clone(), mask[:, P:].float(), P, distinct([id(f) for f in features]))
 
 
-def response_logits(model, batch: SequenceBatch) -> torch.Tensor:
+def response_logits(model, batch: SequenceBatch, share_audio: bool = True) -> torch.Tensor:
     """Logits [B, T, V] that predict each response token, on the model's device (with
     grad when it is on): only the response positions go through the LM head
-    (`logits_to_keep`), so no prompt position is projected onto the vocabulary."""
+    (`logits_to_keep`), so no prompt position is projected onto the vocabulary, and
+    (`share_audio`) each distinct utterance of the batch is encoded once."""
     P, T = batch.prompt_width, batch.response_ids.shape[1]
-    out = model(**on_model_device(model, {**batch.model_inputs(), "logits_to_keep": torch.arange(P - 1, P + T - 1)}),
+    inputs = batch.shared_audio_inputs(hf_module(model)) if share_audio else batch.model_inputs()
+    out = model(**on_model_device(model, {**inputs, "logits_to_keep": torch.arange(P - 1, P + T - 1)}),
                 use_cache=False)
     return out.logits
+
+
+def hf_module(model):
+    """The HF model a DeepSpeed engine wraps (the model itself when it is not wrapped)."""
+    return getattr(model, "module", model)
 
 
 def response_logprobs(model, batch: SequenceBatch, temperature: float = 1.0) -> torch.Tensor:

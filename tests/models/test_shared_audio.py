@@ -1,0 +1,96 @@
+"""A training batch encodes each distinct utterance once (the samples of a group share
+their features object) and gives the same logits, values and gradients as encoding
+every row's audio on its own."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import noise_audio
+
+from asr_grpo.models.critic import ValueModel, response_values
+from asr_grpo.models.sequences import distinct, encode_prompt, pack_sequences, response_logits
+
+
+def test_distinct_keeps_first_positions_and_maps_every_key():
+    first, index = distinct(["a", "b", "a", "c", "b"])
+    assert first == [0, 1, 3] and index == [0, 1, 0, 2, 1]
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_processor, tiny_tokenizer):
+    """Two utterances of different lengths, three samples each sharing one features object,
+    then a fourth row with its own copy of the first utterance's features (same audio,
+    another object: encoded separately), rows interleaved across the groups."""
+    g = torch.Generator().manual_seed(5)
+    special = set(tiny_tokenizer.all_special_ids) | {tiny_tokenizer.convert_tokens_to_ids(tiny_tokenizer.audio_token)}
+    ordinary = torch.tensor([t for t in range(len(tiny_tokenizer)) if t not in special])
+    utts = [encode_prompt(tiny_processor, noise_audio(secs, j), lang) for j, (secs, lang) in
+            enumerate([(1.3, "en"), (2.1, "zh")])]
+    rows = [utts[0], utts[1], utts[0], utts[1], utts[1], utts[0], (utts[0][0], copy.deepcopy(utts[0][1]))]
+    responses = [ordinary[torch.randint(len(ordinary), (n,), generator=g)].tolist() for n in (5, 0, 8, 3, 6, 1, 4)]
+    return pack_sequences([p for p, _ in rows], responses, [f for _, f in rows], tiny_tokenizer.pad_token_id)
+
+
+def encoded_utterances(model, fn) -> tuple[int, object]:
+    """How many utterances went through the audio encoder while `fn` ran, and its result."""
+    seen = []
+    handle = model.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(kwargs["input_features"].shape[0]),
+                                             with_kwargs=True)
+    try:
+        out = fn()
+    finally:
+        handle.remove()
+    return sum(seen), out
+
+
+def grads_after(model, out: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)   # a loss that weighs every output
+    (out * weights * mask.reshape(mask.shape + (1,) * (out.dim() - 2))).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def close(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
+    """Equal up to float rounding relative to the tensor's scale (the copies' gradients are
+    summed in another order; a gradient that is zero in exact arithmetic, as a key bias's, is noise)."""
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * float(b.abs().max()) + 1e-7, msg=lambda m: f"{name}: {m}")
+
+
+def test_policy_logits_and_gradients_equal_per_row_encoding(tiny_model, batch):
+    model = copy.deepcopy(tiny_model)
+    assert batch.audio_rows == ([0, 1, 6], [0, 1, 0, 1, 1, 0, 2])
+    n_shared, shared = encoded_utterances(model.model.audio_tower, lambda: response_logits(model, batch))
+    n_rows, per_row = encoded_utterances(model.model.audio_tower,
+                                         lambda: response_logits(model, batch, share_audio=False))
+    assert (n_shared, n_rows) == (3, 7)
+    mask = batch.response_mask
+    torch.testing.assert_close(shared * mask[..., None], per_row * mask[..., None], rtol=0, atol=1e-5)
+    g_shared, g_rows = grads_after(model, shared, mask), grads_after(model, per_row, mask)
+    assert set(g_shared) == set(g_rows)
+    assert any("multi_modal_projector" in n for n in g_shared)   # the adapter trains through the copies
+    assert any("audio_tower" in n for n in g_shared)             # and the encoder, when it is not frozen
+    for name in g_rows:
+        close(g_shared[name], g_rows[name], name)
+
+
+def test_critic_values_and_gradients_equal_per_row_encoding(tiny_model, batch):
+    vm = ValueModel(copy.deepcopy(tiny_model).model, tiny_model.config.text_config.hidden_size)
+    torch.nn.init.normal_(vm.value_head.weight, std=0.1)   # a zero head would hide the backbone's gradients
+    n_shared, shared = encoded_utterances(vm.backbone.audio_tower, lambda: response_values(vm, batch))
+    plain = copy.copy(batch)
+    plain.audio_rows = None   # every row its own audio
+    n_rows, per_row = encoded_utterances(vm.backbone.audio_tower, lambda: response_values(vm, plain))
+    assert (n_shared, n_rows) == (3, 7)
+    torch.testing.assert_close(shared, per_row, rtol=0, atol=1e-5)
+    g_shared, g_rows = grads_after(vm, shared, batch.response_mask), grads_after(vm, per_row, batch.response_mask)
+    assert set(g_shared) == set(g_rows) and any("multi_modal_projector" in n for n in g_shared)
+    for name in g_rows:
+        close(g_shared[name], g_rows[name], name)
+
+
+def test_rows_with_their_own_audio_use_the_plain_inputs(tiny_model, tiny_processor, tiny_tokenizer):
+    utts = [encode_prompt(tiny_processor, noise_audio(1.0, j), "en") for j in range(2)]
+    batch = pack_sequences([p for p, _ in utts], [[5], [6, 7]], [f for _, f in utts], tiny_tokenizer.pad_token_id)
+    assert batch.shared_audio_inputs(tiny_model).keys() == batch.model_inputs().keys()
