@@ -6,7 +6,10 @@
    did before) vs each prompt once, its cache copied to its n samples (`prefill_shared`).
 2. One-shot reference log-probs of the sampled batch: a full forward per micro-batch
    vs `score_once` (shared prompt prefill, then the responses).
-3. The cost of one decode round against the number of live sequences: how much of a
+3. One training micro-batch (forward + backward of the response log-probs, audio
+   encoder frozen as in RL): every row's audio encoded vs each utterance once
+   (`share_audio`).
+4. The cost of one decode round against the number of live sequences: how much of a
    round is fixed overhead and how much grows with the batch. OPPO's overcommit cuts
    decode rounds; it pays only where a round with few live sequences costs about as
    much as a full one.
@@ -47,10 +50,11 @@ def main() -> None:
 
     from overlap_speedup import compose_run
 
+    from asr_grpo.algorithms import logprobs_from_logits
     from asr_grpo.data import AsrDataset, resolve_manifests
-    from asr_grpo.models import load_model
+    from asr_grpo.models import load_model, set_audio_encoder_frozen
     from asr_grpo.models.kv_batch import KVBatch, causal_lm_forward
-    from asr_grpo.models.sequences import encode_prompt, pack_sequences, response_logprobs
+    from asr_grpo.models.sequences import encode_prompt, pack_sequences, response_logits, response_logprobs
     from asr_grpo.models.streaming import score_once, token_logprobs
     from asr_grpo.recipes.start_checkpoint import prepare_start_checkpoint
     from asr_grpo.rollout.hf_engine import HFChunkedEngine
@@ -111,6 +115,22 @@ def main() -> None:
     t_full, lp_full = timed(full_forward, args.repeats)
     t_once, lp_once = timed(shared_scoring, args.repeats)
 
+    # A training micro-batch of `micro` rows (whole groups, as the trainer packs them).
+    set_audio_encoder_frozen(model, True)
+    train_batch = pack_sequences([p for p, _ in rows[:micro]], responses[:micro], [f for _, f in rows[:micro]], pad)
+
+    def train_pass(share_audio: bool):
+        def step():
+            model.zero_grad(set_to_none=True)
+            logits = response_logits(model, train_batch, share_audio=share_audio)
+            logprobs_from_logits(logits.float() / temperature, train_batch.response_ids).sum().backward()
+            return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return step
+
+    t_train_rows, g_rows = timed(train_pass(False), args.repeats)
+    t_train_shared, g_shared = timed(train_pass(True), args.repeats)
+    model.zero_grad(set_to_none=True)
+
     # Decode-round cost against live sequences (same prompts, one token per round).
     rounds = {}
     for b in (1, 2, 4, 8, 16, 32, 64):
@@ -138,6 +158,11 @@ def main() -> None:
                                  "speedup": round(t_full / t_once, 2),
                                  "max_abs_diff": max(float((a - b).abs().max()) if len(a) else 0.0
                                                      for a, b in zip(lp_full, lp_once))},
+        "train_micro_batch_s": {"rows": micro, "audio_per_row": round(t_train_rows, 4),
+                                "audio_per_utterance": round(t_train_shared, 4),
+                                "speedup": round(t_train_rows / t_train_shared, 2),
+                                "max_rel_grad_diff": max(float((g_shared[n] - g).abs().max() / g.abs().max())
+                                                         for n, g in g_rows.items() if g.abs().max() > 0)},
         "decode_round_ms_by_live_sequences": rounds,
         "decode_round_fixed_share_at_64": round(rounds["1"] / rounds["64"], 3) if "64" in rounds else None,
     }

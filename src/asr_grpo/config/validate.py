@@ -95,7 +95,8 @@ def config_problems(cfg: Any) -> list[str]:
         need(reason is None, f"rollout.engine=vllm: {reason}")
 
     need(tr.steps >= 1, f"trainer.steps={tr.steps}: must be >= 1")
-    need(tr.max_minutes is None or tr.max_minutes > 0, f"trainer.max_minutes={tr.max_minutes}: must be > 0 (null: none)")
+    need(tr.max_minutes is None or tr.max_minutes > 0,
+         f"trainer.max_minutes={tr.max_minutes}: must be > 0 (null: no cap)")
     need(tr.keep_last >= 0, f"trainer.keep_last={tr.keep_last}: must be >= 0 (0 keeps every checkpoint)")
     need(tr.prompts_per_step >= 1, f"trainer.prompts_per_step={tr.prompts_per_step}: must be >= 1")
     need(tr.micro_batch_size >= 1, f"trainer.micro_batch_size={tr.micro_batch_size}: must be >= 1")
