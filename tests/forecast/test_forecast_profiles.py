@@ -21,8 +21,9 @@ S0, S, T0, T = 0.01, 0.0004, 0.05, 0.001         # scoring and training: fixed +
 PROMPT = 64                                      # run.prompt_tokens: tokens per prompt
 
 
-def log_serial_run(uri: str, steps: int = 12, timed: bool = False) -> str:
-    """An overlap=none run as the recipe logs it, its times made from the costs above."""
+def log_serial_run(uri: str, steps: int = 12, timed: bool = False, trained: int | None = None) -> str:
+    """An overlap=none run as the recipe logs it, its times made from the costs above;
+    `trained` of each group's 4 samples scored (after the rewards) and trained."""
     rng = random.Random(0)
     client = mlflow.MlflowClient(uri)
     exp = client.create_experiment("asr-grpo")
@@ -30,15 +31,19 @@ def log_serial_run(uri: str, steps: int = 12, timed: bool = False) -> str:
     rid = run.info.run_id
     for k, v in {"overlap.mode": "none", "trainer.prompts_per_step": 8, "algorithm.n_samples_per_prompt": 4,
                  "algorithm.max_new_tokens": 64, "algorithm.name": "ppo", "reward.smoothness_scorer": "lm",
-                 "placement.colocate": True, "algorithm.recompute_old_logprobs": True}.items():
+                 "placement.colocate": True, "algorithm.recompute_old_logprobs": True,
+                 "algorithm.train_samples_per_prompt": trained}.items():
         client.log_param(rid, k, str(v))
     for step in range(1, steps + 1):
         rounds, rows = rng.randint(20, 45), rng.randint(300, 520)
         # Two steps hit by a machine hiccup: the same work, 2.5x the time.
         hiccup = 2.5 if step in (4, 9) else 1.0
         decode = hiccup * (A * rounds + B_ROW * rows + REBUILD)
-        # Scorers forward the responses and each prompt once; training every sequence whole.
-        score, train, sync = S0 + S * (rows + 8 * PROMPT), hiccup * (T0 + T * (rows + 8 * 4 * PROMPT)), 0.005
+        # Scorers forward the responses and each prompt once; training every sequence whole;
+        # both only for the share of the samples that train.
+        share = (trained or 4) / 4
+        score, sync = S0 + S * (share * rows + 8 * PROMPT), 0.005
+        train = hiccup * (T0 + T * share * (rows + 8 * 4 * PROMPT))
         m = {"perf/time/rollout_decode": decode, "perf/time/rollout": decode, "overlap/decode_rounds": rounds,
              "overlap/rows_decoded": rows, "perf/time/scoring_wall": score, "perf/time/training": train,
              "perf/time/sync": sync, "perf/time/step": decode + score + train + sync + 0.01,
@@ -53,12 +58,14 @@ def log_serial_run(uri: str, steps: int = 12, timed: bool = False) -> str:
     return rid
 
 
-@pytest.mark.parametrize("timed", [False, True])
-def test_profile_run_fits_a_round_s_fixed_and_per_row_cost_from_per_step_totals(tmp_path, forecast_cfg, timed):
+@pytest.mark.parametrize("timed,trained", [(False, None), (True, None), (False, 2)])
+def test_profile_run_fits_a_round_s_fixed_and_per_row_cost_from_per_step_totals(tmp_path, forecast_cfg, timed,
+                                                                               trained):
     # Exact costs back, although two steps took 2.5x longer: the fit leaves hiccups out.
     # timed: the run logged each step's round costs (their median is taken as they are).
+    # trained: a down-sampling run, half of each group scored and trained.
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    rid = log_serial_run(uri, timed=timed)
+    rid = log_serial_run(uri, timed=timed, trained=trained)
     cfg = forecast_cfg("profile=run", f"run.run_id={rid}", f"run.tracking_uri={uri}", "run.skip_steps=0",
                        f"run.prompt_tokens={PROMPT}", "steps=10", "warmup=3")
     profile, workload = build(cfg)
@@ -72,7 +79,7 @@ def test_profile_run_fits_a_round_s_fixed_and_per_row_cost_from_per_step_totals(
     assert per_token == pytest.approx(S, rel=1e-6)
     assert set(profile.roles) == {"actor", "ref", "critic", "reward_model"}
     assert profile.stream_hidden == 0.0            # a CPU run: the scorers share the cores
-    assert (workload.B, workload.n, workload.max_new_tokens) == (8, 4, 64)
+    assert (workload.B, workload.n, workload.max_new_tokens, workload.train_samples) == (8, 4, 64, trained)
     lengths = sorted(x for g in workload.sample_lengths(400) for x in g)
     assert lengths[len(lengths) // 2] == pytest.approx(12, abs=1.5)   # the run's own p50
     res = simulate(profile, workload, cfg.overlap, ("none", "intra"), steps=10, warmup=3)

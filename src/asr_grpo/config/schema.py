@@ -485,6 +485,7 @@ class ForecastWorkloadConfig:
     name: str = "asr_grpo"
     prompts_per_step: int = 32           # B, in prompt groups
     n_samples: int = 8                   # samples per prompt
+    train_samples: Optional[int] = None  # of which train (algorithm.train_samples_per_prompt); null: all
     max_new_tokens: int = 256
     prompt_text_tokens: int = 32         # system turn, language tag
     audio_tokens_per_token: float = 4.0  # ASR: audio prompt tokens per transcript token (12.5 Hz, ~3 tok/s)

@@ -16,7 +16,14 @@ from pathlib import Path
 
 from asr_grpo.forecast import roofline
 from asr_grpo.forecast.costs import DecodeCost, Forward, RoleCost, SimProfile
-from asr_grpo.forecast.runfit import RunFacts, fit, from_mlflow, from_summary, run_length_components
+from asr_grpo.forecast.runfit import (
+    RunFacts,
+    fit,
+    from_mlflow,
+    from_summary,
+    run_length_components,
+    trained_per_prompt,
+)
 from asr_grpo.forecast.workload import Component, Workload, histogram, lognormal_mixture, read_histogram
 
 COST_TABLE_FORMAT = "asr-grpo-cost-table/1"
@@ -40,7 +47,7 @@ def length_model(lc):
 def workload_from(cfg) -> Workload:
     w = cfg.workload
     return Workload(length_model(cfg.lengths), int(w.prompts_per_step), int(w.n_samples), int(w.max_new_tokens),
-                    int(w.prompt_text_tokens), float(w.audio_tokens_per_token), int(cfg.seed))
+                    int(w.prompt_text_tokens), float(w.audio_tokens_per_token), int(cfg.seed), w.train_samples)
 
 
 def token_mix(workload: Workload) -> tuple[roofline.Mix, roofline.Mix]:
@@ -235,7 +242,7 @@ def run_profile(cfg, facts: RunFacts, round_costs: dict | None = None) -> tuple[
     else:
         model = length_model(lc)
         notes.append(f"lengths: {lc.name}")
-    workload = Workload(model, B, n, max_new, prompt, 0.0, int(cfg.seed))
+    workload = Workload(model, B, n, max_new, prompt, 0.0, int(cfg.seed), trained_per_prompt(facts) or None)
     return profile, workload
 
 

@@ -27,6 +27,7 @@ def figures(results: dict[str, ModeResult], profile: SimProfile, workload: Workl
     return {"baseline": "none" if "none" in modes else next(iter(modes)),
             "modes": modes,
             "workload": {"prompts_per_step": workload.B, "samples_per_prompt": workload.n,
+                         "trained_per_prompt": workload.train_samples or workload.n,
                          "max_new_tokens": workload.max_new_tokens,
                          "response_length": {"mean": sum(lengths) / len(lengths), "p50": q(0.5), "p90": q(0.9),
                                              "p99": q(0.99), "max": float(lengths[-1])}},
@@ -50,10 +51,13 @@ def table(fig: dict) -> str:
         out.append("| " + " | ".join(cells) + " |")
     w = fig["workload"]
     rl = w["response_length"]
-    out += ["", f"B = {w['prompts_per_step']} prompts x {w['samples_per_prompt']} samples, max {w['max_new_tokens']} "
-            f"tokens; response length mean {rl['mean']:.0f}, p50 {rl['p50']:.0f}, p90 {rl['p90']:.0f}, "
-            f"p99 {rl['p99']:.0f}. Chunk / Δ: the plan used most in the measured steps (others in brackets, "
-            "chunk/Δ: steps). Busy: seconds a role computed per step (engines: per engine); idle: the rest.",
+    trained = w.get("trained_per_prompt", w["samples_per_prompt"])
+    kept = f" ({trained} of each group's trained)" if trained != w["samples_per_prompt"] else ""
+    out += ["", f"B = {w['prompts_per_step']} prompts x {w['samples_per_prompt']} samples{kept}, max "
+            f"{w['max_new_tokens']} tokens; response length mean {rl['mean']:.0f}, p50 {rl['p50']:.0f}, "
+            f"p90 {rl['p90']:.0f}, p99 {rl['p99']:.0f}. Chunk / Δ: the plan used most in the measured steps "
+            "(others in brackets, chunk/Δ: steps). Busy: seconds a role computed per step (engines: per engine); "
+            "idle: the rest.",
             "", "Profile (" + fig["profile"]["source"] + "):", *[f"- {n}" for n in fig["profile"]["notes"]]]
     return "\n".join(out)
 

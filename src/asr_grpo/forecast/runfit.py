@@ -141,6 +141,12 @@ class Fit:
     notes: list[str]
 
 
+def trained_per_prompt(facts: RunFacts) -> int:
+    """The run's `algorithm.train_samples_per_prompt` (0: all samples train)."""
+    value = facts.config.get("algorithm.train_samples_per_prompt")
+    return 0 if value in (None, "None", "null", "") else int(value)
+
+
 def fit(facts: RunFacts, round_fixed_share: float = 0.12, prompt_tokens: int = 64) -> Fit:
     """Scoring and training per token, as the simulator charges them: a scorer forwards the
     responses and each group's prompt once; training runs every sequence whole. Each
@@ -149,10 +155,10 @@ def fit(facts: RunFacts, round_fixed_share: float = 0.12, prompt_tokens: int = 6
     steps, notes = facts.steps, []
     col = lambda k: [s[k] for s in steps]  # noqa: E731
     decode, rounds, rows = col("decode_s"), col("rounds"), col("rows")
-    groups = facts.get("trainer.prompts_per_step", 8)
-    seqs = groups * facts.get("algorithm.n_samples_per_prompt", 8)
-    scored = [w + groups * prompt_tokens for w in rows]
-    trained = [w + seqs * prompt_tokens for w in rows]
+    groups, n = facts.get("trainer.prompts_per_step", 8), facts.get("algorithm.n_samples_per_prompt", 8)
+    share = (trained_per_prompt(facts) or n) / n   # down-sampling: only the kept samples score and train
+    scored = [share * w + groups * prompt_tokens for w in rows]
+    trained = [share * (w + groups * n * prompt_tokens) for w in rows]
     keep = typical(decode, rows)
     decode, rounds, rows = ([v[i] for i in keep] for v in (decode, rounds, rows))
     timed = [steps[i] for i in keep if steps[i].get("round_per_row_ms", 0.0) > 0]

@@ -120,14 +120,17 @@ class Simulation:
         prompt = {g.uid: self.workload.prompt_tokens(g.uid) for g in ro.groups}
         seqs = [s for g in ro.groups for s in ro.results[g.uid]]
 
-        def scored(skip: set[str]) -> int:
-            """Tokens a scorer forwards: the responses, and each group's prompt once (the samples
-            of one prompt share its prefill, as `score_once` does)."""
+        share = self.workload.train_share
+
+        def scored(skip: set[str]) -> float:
+            """Tokens a scorer forwards after the rollout: the responses of the samples that train,
+            and each group's prompt once (the samples of one prompt share its prefill, as
+            `score_once` does)."""
             chosen = [s for s in seqs if s.uid not in skip]
-            return sum(len(s.tokens) for s in chosen) + sum(prompt[g] for g in {s.group for s in chosen})
+            return share * sum(len(s.tokens) for s in chosen) + sum(prompt[g] for g in {s.group for s in chosen})
 
         total = scored(set())
-        trained = sum(prompt[s.group] + len(s.tokens) for s in seqs)   # training runs every sequence whole
+        trained = share * sum(prompt[s.group] + len(s.tokens) for s in seqs)   # every trained sequence whole
         for device, lane in self.stream_lanes.items():   # streamed work left when decoding ended
             if lane.free_at > t_r:
                 self.dev_lanes[device].run(t_r, lane.free_at - t_r, "", "drain")
