@@ -242,7 +242,7 @@ def run_profile(cfg, facts: RunFacts, round_costs: dict | None = None) -> tuple[
     else:
         model = length_model(lc)
         notes.append(f"lengths: {lc.name}")
-    workload = Workload(model, B, n, max_new, prompt, 0.0, int(cfg.seed), trained_per_prompt(facts) or None)
+    workload = Workload(model, B, n, max_new, prompt, 0.0, int(cfg.seed), trained_per_prompt(facts))
     return profile, workload
 
 

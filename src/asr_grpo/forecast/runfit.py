@@ -141,10 +141,10 @@ class Fit:
     notes: list[str]
 
 
-def trained_per_prompt(facts: RunFacts) -> int:
-    """The run's `algorithm.train_samples_per_prompt` (0: all samples train)."""
+def trained_per_prompt(facts: RunFacts) -> int | None:
+    """The run's `algorithm.train_samples_per_prompt` (None: all samples train)."""
     value = facts.config.get("algorithm.train_samples_per_prompt")
-    return 0 if value in (None, "None", "null", "") else int(value)
+    return None if value in (None, "None", "null", "") else int(value)
 
 
 def fit(facts: RunFacts, round_fixed_share: float = 0.12, prompt_tokens: int = 64) -> Fit:
