@@ -22,9 +22,8 @@ from omegaconf import OmegaConf
 
 from asr_grpo.config.schema import DataConfig
 from asr_grpo.data import resolve_manifests
-from asr_grpo.evaluation import evaluation_sets, load_first, transcribe
-from asr_grpo.models import decode_responses, encode_requests, load_model
-from asr_grpo.models.sequences import on_model_device
+from asr_grpo.evaluation import decode_batched, evaluation_sets, load_first, transcribe
+from asr_grpo.models import load_model
 from asr_grpo.rewards.text import char_error_rate, utterance_cer
 
 
@@ -46,20 +45,12 @@ def summarize(refs: Sequence[str], languages: Sequence[str], greedy: Sequence[st
     return out
 
 
-@torch.no_grad()
 def sample_transcripts(model, processor, items: list[dict], n: int, temperature: float,
                        batch_size: int = 16, max_new_tokens: int = 96) -> list[list[str]]:
     """n sampled transcripts per utterance (plain ancestral sampling, no top-p)."""
-    out: list[list[str]] = []
-    for start in range(0, len(items), batch_size):
-        batch_items = items[start:start + batch_size]
-        batch = encode_requests(processor, [it["audio"] for it in batch_items], [it["language"] for it in batch_items])
-        generated = model.generate(**on_model_device(model, dict(batch)), max_new_tokens=max_new_tokens,
-                                   do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
-                                   num_return_sequences=n).cpu()
-        texts = [t.strip() for t in decode_responses(processor, generated[:, batch["input_ids"].shape[1]:])]
-        out += [texts[i * n:(i + 1) * n] for i in range(len(batch_items))]
-    return out
+    return decode_batched(model, processor, [it["audio"] for it in items], [it["language"] for it in items],
+                          batch_size, max_new_tokens, num_return_sequences=n, do_sample=True,
+                          temperature=temperature, top_p=1.0, top_k=0)
 
 
 def checkpoint_headroom(path: str, sets: dict, utterances: int, n: int, temperature: float, seed: int) -> dict:

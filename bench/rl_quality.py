@@ -20,6 +20,9 @@ from asr_grpo.tracking.runs import experiment_runs, history, mean
 EVAL_SETS = {"dev": "eval/cer", "heldout_voices": "eval/heldout_voices/cer"}
 LANGUAGES = ("en", "zh")
 REWARDS = ("reward/total", "reward/cer", "reward/keyword", "reward/language", "reward/smoothness", "kl/policy_ref")
+# Per language: the CER reward, and the share of groups whose samples all scored the same
+# (no advantage, nothing learnt from that prompt).
+LANGUAGE_REWARDS = tuple(f"{k}/{lang}" for k in ("reward/cer", "reward/flat_groups") for lang in LANGUAGES)
 
 
 def eval_summary(points: dict[int, float], minutes_at: dict[int, float], budget_min: float, last: int) -> dict:
@@ -44,7 +47,7 @@ def run_quality(client: MlflowClient, run, budget_min: float, last: int, window:
             points = history(client, rid, key + suffix)
             if points:
                 row[f"{name}{suffix}"] = eval_summary(points, minutes_at, budget_min, last)
-    for key in REWARDS:
+    for key in REWARDS + LANGUAGE_REWARDS:
         values = history(client, rid, key)
         steps = sorted(s for s in values if minutes_at.get(s, float("inf")) <= budget_min)
         if steps:
@@ -63,6 +66,14 @@ def labels(rows: list[dict]) -> list[str]:
     return [",".join(p for p in ps if p not in common) or "defaults" for ps in parts]
 
 
+def first_last_table(names: list[str], rows: list[dict], keys: tuple[str, ...]) -> list[str]:
+    lines = ["| run | " + " | ".join(f"{k}: first -> last" for k in keys) + " |", "|" + " --- |" * (len(keys) + 1)]
+    for name, r in zip(names, rows):
+        lines.append(f"| {name} | " + " | ".join(
+            f"{r[k]['first']:.3f} -> {r[k]['last']:.3f}" if k in r else "-" for k in keys) + " |")
+    return lines
+
+
 def table(rows: list[dict]) -> str:
     cols = ["dev", "dev/en", "dev/zh", "heldout_voices", "heldout_voices/en", "heldout_voices/zh"]
     names = labels(rows)
@@ -72,11 +83,9 @@ def table(rows: list[dict]) -> str:
         cells = [f"{100 * r[c]['start']:.1f} -> {100 * r[c]['end']:.1f}% ({100 * r[c]['drop']:+.1f}%)"
                  if c in r else "-" for c in cols]
         lines.append(f"| {name} | {r['steps']} ({r['minutes']}) | " + " | ".join(cells) + " |")
-    lines += ["", "| run | " + " | ".join(f"{k}: first -> last" for k in REWARDS) + " |",
-              "|" + " --- |" * (len(REWARDS) + 1)]
-    for name, r in zip(names, rows):
-        lines.append(f"| {name} | " + " | ".join(
-            f"{r[k]['first']:.3f} -> {r[k]['last']:.3f}" if k in r else "-" for k in REWARDS) + " |")
+    for keys in (REWARDS, LANGUAGE_REWARDS):
+        if any(k in r for r in rows for k in keys):
+            lines += ["", *first_last_table(names, rows, keys)]
     return "\n".join(lines)
 
 

@@ -20,25 +20,35 @@ from asr_grpo.rewards.text import error_rates_by_language
 
 
 @torch.no_grad()
-def transcribe(model, processor, audios: Sequence[np.ndarray], languages: Sequence[str],
-               batch_size: int = 32, max_new_tokens: int = 96, progress: str | None = None) -> list[str]:
-    """Greedy decoding, batched by similar length (order of the result = order of input).
-    `progress`: a progress bar with this label (off inside Ray workers, whose stderr is a log)."""
+def decode_batched(model, processor, audios: Sequence[np.ndarray], languages: Sequence[str],
+                   batch_size: int = 32, max_new_tokens: int = 96, progress: str | None = None,
+                   num_return_sequences: int = 1, **generate_kwargs) -> list[list[str]]:
+    """`num_return_sequences` transcripts per utterance from `model.generate` (greedy unless
+    `generate_kwargs` ask to sample), batched by similar length; the result keeps the input's
+    order. `progress`: a progress bar with this label (off inside Ray workers, whose stderr is a log)."""
     was_training = model.training
     model.eval()
     order = np.argsort([len(a) for a in audios], kind="stable")
-    out: list[str] = [""] * len(audios)
+    out: list[list[str]] = [[] for _ in audios]
+    n = num_return_sequences
     for start in tqdm(range(0, len(order), batch_size), desc=progress, disable=progress is None,
                       unit="batch", leave=False, dynamic_ncols=True):
         idx = order[start:start + batch_size]
         batch = encode_requests(processor, [audios[i] for i in idx], [languages[i] for i in idx])
         generated = model.generate(**on_model_device(model, dict(batch)), max_new_tokens=max_new_tokens,
-                                   do_sample=False).cpu()
-        texts = decode_responses(processor, generated[:, batch["input_ids"].shape[1]:])
-        for i, text in zip(idx, texts):
-            out[i] = text.strip()
+                                   num_return_sequences=n, **generate_kwargs).cpu()
+        texts = [t.strip() for t in decode_responses(processor, generated[:, batch["input_ids"].shape[1]:])]
+        for row, i in enumerate(idx):   # generate returns an utterance's n sequences side by side
+            out[i] = texts[row * n:(row + 1) * n]
     model.train(was_training)
     return out
+
+
+def transcribe(model, processor, audios: Sequence[np.ndarray], languages: Sequence[str],
+               batch_size: int = 32, max_new_tokens: int = 96, progress: str | None = None) -> list[str]:
+    """Greedy decoding, one transcript per utterance in the input's order."""
+    return [texts[0] for texts in decode_batched(model, processor, audios, languages, batch_size,
+                                                 max_new_tokens, progress, do_sample=False)]
 
 
 def load_first(dataset, n: int) -> list[dict]:

@@ -33,7 +33,8 @@ def test_a_logged_run_reads_back_per_set_language_and_reward(tmp_path):
     for step in range(1, 101):
         metrics += [Metric("perf/wall_clock", step * 30.0, 0, step),          # 30 s a step: 50 min
                     Metric("reward/total", 0.5 + step / 1000, 0, step),
-                    Metric("reward/keyword", 0.4 if step <= 50 else 0.6, 0, step)]
+                    Metric("reward/keyword", 0.4 if step <= 50 else 0.6, 0, step),
+                    Metric("reward/flat_groups/zh", 0.25 if step <= 50 else 0.5, 0, step)]
     for step in range(0, 101, 20):
         metrics += [Metric("eval/cer", 0.30 - step / 1000, 0, step),
                     Metric("eval/cer/zh", 0.40, 0, step),
@@ -50,8 +51,10 @@ def test_a_logged_run_reads_back_per_set_language_and_reward(tmp_path):
     assert row["heldout_voices"]["end"] == pytest.approx(0.47)
     assert row["reward/keyword"] == {"first": 0.4, "last": 0.6}
     assert row["reward/total"]["first"] == pytest.approx(0.5055)   # steps 1-10
+    assert row["reward/flat_groups/zh"] == {"first": 0.25, "last": 0.5} and "reward/cer/en" not in row
     table = q.table(rows)
     assert "30.0 -> 24.0% (+20.0%)" in table and "0.400 -> 0.600" in table
+    assert "reward/flat_groups/zh: first -> last" in table and "0.250 -> 0.500" in table
 
 
 def test_runs_are_labelled_by_the_overrides_that_differ():

@@ -83,3 +83,15 @@ def test_actor_loss_is_minus_advantage_on_policy(tiny_model, tiny_processor, tin
     assert float(loss) == pytest.approx(-(0.5 * 3 - 1.0 * 2) / 5, abs=1e-5)
     assert float(metrics["kl/loss"]) == pytest.approx(0.0, abs=1e-6)
     assert float(metrics["policy/clip_frac"]) == 0.0
+
+
+def test_flat_groups_are_counted_overall_and_per_language():
+    from asr_grpo.experience.maker import flat_group_shares
+
+    rewards = torch.tensor([0.5, 0.5, 0.5, 0.2, 0.9, 0.9, 0.7, 0.7, 0.7])
+    groups = ["a", "a", "a", "b", "b", "b", "c", "c", "c"]   # a, c: every sample the same reward
+    langs = ["zh"] * 3 + ["en"] * 3 + ["zh"] * 3
+    out = flat_group_shares(rewards, groups, langs)
+    assert out == {"reward/flat_groups": pytest.approx(2 / 3), "reward/flat_groups/zh": 1.0,
+                   "reward/flat_groups/en": 0.0}
+    assert flat_group_shares(rewards[:1], groups[:1], langs[:1])["reward/flat_groups"] == 1.0   # one sample

@@ -51,6 +51,15 @@ def test_each_group_trains_on_its_max_variance_samples(root):
         assert metrics["reward/total"] == pytest.approx(sum(rewards.values()) / len(rewards), abs=1e-5)
         assert metrics["charts/trained_reward"] == pytest.approx(
             sum(rewards[it.uid] for it in items) / len(items), abs=1e-5)
+        # Per language and flat groups: from the same n rewards of every group.
+        by_language: dict[str, list[float]] = {}
+        for g in rollout.groups:
+            by_language.setdefault(g.utterance["language"], []).extend(rewards[s.uid] for s in rollout.results[g.uid])
+        for language, values in by_language.items():
+            assert metrics[f"reward/total/{language}"] == pytest.approx(sum(values) / len(values), abs=1e-5)
+        flat = [max(rewards[s.uid] for s in rollout.results[g.uid]) - min(rewards[s.uid] for s in rollout.results[g.uid])
+                <= 1e-6 for g in rollout.groups]
+        assert metrics["reward/flat_groups"] == pytest.approx(sum(flat) / len(flat))
         assert metrics["overlap/streamed_frac"] == pytest.approx(1.0)   # of all n samples, not of the kept m
         assert metrics["charts/grad_norm"] > 0   # the update ran on the kept samples
     finally:

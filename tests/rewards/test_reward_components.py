@@ -155,6 +155,16 @@ def test_reward_result_log_and_round_trip():
         RewardResult(total=torch.zeros(2), components={"cer": torch.zeros(3)})
 
 
+def test_reward_result_logs_means_per_label_over_kept_samples():
+    r = RewardResult(total=torch.tensor([1.0, 0.5, 0.2, 0.0]),
+                     components={"cer": torch.tensor([0.8, 0.4, 0.1, 0.9])},
+                     keep=torch.tensor([True, True, True, False]))
+    log = r.log(labels=["en", "zh", "en", "zh"])
+    assert log["reward/total/en"] == pytest.approx(0.6) and log["reward/cer/en"] == pytest.approx(0.45)
+    assert log["reward/total/zh"] == 0.5 and log["reward/cer/zh"] == pytest.approx(0.4)   # the dropped one left out
+    assert log["reward/total"] == pytest.approx(1.7 / 3) and log["reward/dropped"] == 1.0
+
+
 def test_score_samples_combines_every_component():
     samples = [RewardSample("the cat sat", "the cat sat", "en", ["cat"]),
                RewardSample("", "the cat sat", "en", ["cat"])]

@@ -8,6 +8,7 @@ again in one shot; and no non-finite number leaves as experience (`check_finite`
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from typing import Sequence
@@ -57,6 +58,22 @@ def experience_items(algo, seqs: list[SequenceResult], refs: list[SequenceRef], 
              for i, (s, r) in enumerate(zip(seqs, refs))]
     check_finite(items, "experience")
     return items, adv
+
+
+def flat_group_shares(rewards: torch.Tensor, groups: Sequence[str], labels: Sequence[str],
+                      prefix: str = "reward/flat_groups") -> dict[str, float]:
+    """The share of groups (samples listed group by group) whose rewards are all equal,
+    overall and per label (a group's label: its first sample's). Under a group baseline
+    such a group gives every sample a zero advantage: it teaches nothing."""
+    flat: dict[str, list[bool]] = {}
+    for group, members in itertools.groupby(range(len(groups)), key=groups.__getitem__):
+        idx = list(members)
+        spread = float(rewards[idx].max() - rewards[idx].min()) if len(idx) > 1 else 0.0
+        flat.setdefault(labels[idx[0]], []).append(spread <= 1e-6)
+    every = [f for fs in flat.values() for f in fs]
+    out = {prefix: sum(every) / len(every)} if every else {}
+    out.update({f"{prefix}/{label}": sum(fs) / len(fs) for label, fs in flat.items()})
+    return out
 
 
 class KnownScores:
@@ -162,7 +179,7 @@ class ExperienceMaker:
         refs = [SequenceRef(s.uid, by_uid[s.group].prompt_ids, s.tokens, by_uid[s.group].features,
                             by_uid[s.group].utterance["language"]) for s in seqs]
         t0 = time.monotonic()
-        num_sampled = len(seqs)
+        num_sampled, sampled_seqs, sampled_refs = len(seqs), seqs, refs
         sampled = reward = None
         per_prompt = samples_trained_per_prompt(algo)
         if per_prompt < algo.n_samples_per_prompt:
@@ -198,13 +215,17 @@ class ExperienceMaker:
                   "faults/rescored_sequences": float(self.rescored),
                   "faults/reward_worker_restarts": float(self.reward_restarts)}
         # The reward logged is every sampled transcript's: what the policy does, whether
-        # or not down-sampling trains on all of them.
+        # or not down-sampling trains on all of them; per language too, and the groups
+        # too uniform to teach anything (where one language's learning stalls, these say why).
+        languages = [r.language or "unknown" for r in sampled_refs]
+        sampled_log = {**sampled.log("reward/", languages),
+                       **flat_group_shares(sampled.total, [s.group for s in sampled_seqs], languages)}
         if not seqs:   # every group dropped: nothing to train on this step
             log.warning("every sampled group was dropped by reward.on_bad_reward=drop: no update this step")
-            return [], {**sampled.log("reward/"), **faults, "perf/time/scoring": score_s}
+            return [], {**sampled_log, **faults, "perf/time/scoring": score_s}
         items, adv = experience_items(algo, seqs, refs, old, ref, values, reward.total, per_prompt)
         lengths = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.float32)
-        metrics = {**sampled.log("reward/"), **adv.metrics, **faults, "perf/time/scoring": score_s,
+        metrics = {**sampled_log, **adv.metrics, **faults, "perf/time/scoring": score_s,
                    "charts/response_length": float(lengths.mean()),
                    "charts/response_length_p50": float(lengths.quantile(0.5)),
                    "charts/response_length_p90": float(lengths.quantile(0.9)),

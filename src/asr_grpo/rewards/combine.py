@@ -83,13 +83,18 @@ class RewardResult:
         return RewardResult(total=self.total[index], scores=self.scores[index], keep=self.keep[index],
                             components={k: v[index] for k, v in self.components.items()})
 
-    def log(self, prefix: str = "reward/") -> dict[str, float]:
+    def log(self, prefix: str = "reward/", labels: Sequence[str] | None = None) -> dict[str, float]:
         """Means over the kept samples of the total and every component, plus the
-        number of dropped samples."""
+        number of dropped samples. With `labels` (one per sample, e.g. its language) also
+        the means per label, under `{prefix}{name}/{label}`."""
         keep = self.keep
         out = {f"{prefix}total": _mean(self.total[keep])}
         out.update({f"{prefix}{k}": _mean(v[keep]) for k, v in self.components.items()})
         out[f"{prefix}dropped"] = float(self.num_dropped)
+        for label in dict.fromkeys(labels or ()):
+            sel = keep & torch.tensor([x == label for x in labels])
+            out.update({f"{prefix}{k}/{label}": _mean(v[sel])
+                        for k, v in {"total": self.total, **self.components}.items()})
         return out
 
     def to_dict(self) -> dict:
