@@ -66,7 +66,7 @@ def flat_group_shares(rewards: torch.Tensor, groups: Sequence[str], labels: Sequ
     overall and per label (a group's label: its first sample's). Under a group baseline
     such a group gives every sample a zero advantage: it teaches nothing."""
     flat: dict[str, list[bool]] = {}
-    for group, members in itertools.groupby(range(len(groups)), key=groups.__getitem__):
+    for _, members in itertools.groupby(range(len(groups)), key=groups.__getitem__):
         idx = list(members)
         spread = float(rewards[idx].max() - rewards[idx].min()) if len(idx) > 1 else 0.0
         flat.setdefault(labels[idx[0]], []).append(spread <= 1e-6)
