@@ -7,8 +7,11 @@
 2. One-shot reference log-probs of the sampled batch: a full forward per micro-batch
    vs `score_once` (shared prompt prefill, then the responses).
 3. One training micro-batch (forward + backward of the response log-probs, audio
-   encoder frozen as in RL): every row's audio encoded vs each utterance once
-   (`share_audio`).
+   encoder frozen as in RL): every row run whole vs each utterance encoded once
+   (`share_audio`) vs each prompt also run through the LM once (`share_prompt`), for a
+   micro-batch drawn as the trainer draws it by default (whole groups,
+   `trainer.micro_batch_by_group`) and with the samples shuffled one by one (a prompt
+   then has fewer rows in it).
 4. The cost of one decode round against the number of live sequences: how much of a
    round is fixed overhead and how much grows with the batch. OPPO's overcommit cuts
    decode rounds; it pays only where a round with few live sequences costs about as
@@ -24,7 +27,9 @@ import json
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,6 +65,7 @@ def main() -> None:
     from asr_grpo.rollout.hf_engine import HFChunkedEngine
     from asr_grpo.rollout.types import RolloutRequest
     from asr_grpo.workers.rollout_host import sampling_params
+    from asr_grpo.workers.training import micro_batches
 
     torch.set_num_threads(args.threads)
     cfg = compose_run([])
@@ -115,20 +121,34 @@ def main() -> None:
     t_full, lp_full = timed(full_forward, args.repeats)
     t_once, lp_once = timed(shared_scoring, args.repeats)
 
-    # A training micro-batch of `micro` rows (whole groups, as the trainer packs them).
+    # Training micro-batches of `micro` rows: whole groups, and the trainer's own draw.
     set_audio_encoder_frozen(model, True)
-    train_batch = pack_sequences([p for p, _ in rows[:micro]], responses[:micro], [f for _, f in rows[:micro]], pad)
+    samples = [SimpleNamespace(index=i, group=i // args.samples) for i in range(len(rows))]
+    train_rows = {name: [s.index for s in micro_batches(samples, micro, np.random.default_rng(0), by_group)[0]]
+                  for name, by_group in (("by_group", True), ("samples_shuffled", False))}
 
-    def train_pass(share_audio: bool):
+    def train_pass(batch, share_audio: bool, share_prompt: bool):
         def step():
             model.zero_grad(set_to_none=True)
-            logits = response_logits(model, train_batch, share_audio=share_audio)
-            logprobs_from_logits(logits.float() / temperature, train_batch.response_ids).sum().backward()
+            logits = response_logits(model, batch, share_audio=share_audio, share_prompt=share_prompt)
+            logprobs_from_logits(logits.float() / temperature, batch.response_ids).sum().backward()
             return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         return step
 
-    t_train_rows, g_rows = timed(train_pass(False), args.repeats)
-    t_train_shared, g_shared = timed(train_pass(True), args.repeats)
+    def max_rel_diff(grads, ref):
+        return max(float((grads[n] - g).abs().max() / g.abs().max()) for n, g in ref.items() if g.abs().max() > 0)
+
+    train = {}
+    for name, picked in train_rows.items():
+        batch = pack_sequences([rows[i][0] for i in picked], [responses[i] for i in picked],
+                               [rows[i][1] for i in picked], pad)
+        t_whole, g_whole = timed(train_pass(batch, False, False), args.repeats)
+        t_audio, g_audio = timed(train_pass(batch, True, False), args.repeats)
+        t_prompt, g_prompt = timed(train_pass(batch, True, True), args.repeats)
+        train[name] = {"rows": micro, "prompts": len(batch.prompt_rows[0]), "every_row_whole": round(t_whole, 4),
+                       "audio_per_utterance": round(t_audio, 4), "prompt_per_group": round(t_prompt, 4),
+                       "speedup_audio": round(t_whole / t_audio, 2), "speedup_prompt": round(t_whole / t_prompt, 2),
+                       "max_rel_grad_diff": max(max_rel_diff(g_audio, g_whole), max_rel_diff(g_prompt, g_whole))}
     model.zero_grad(set_to_none=True)
 
     # Decode-round cost against live sequences (same prompts, one token per round).
@@ -158,11 +178,7 @@ def main() -> None:
                                  "speedup": round(t_full / t_once, 2),
                                  "max_abs_diff": max(float((a - b).abs().max()) if len(a) else 0.0
                                                      for a, b in zip(lp_full, lp_once))},
-        "train_micro_batch_s": {"rows": micro, "audio_per_row": round(t_train_rows, 4),
-                                "audio_per_utterance": round(t_train_shared, 4),
-                                "speedup": round(t_train_rows / t_train_shared, 2),
-                                "max_rel_grad_diff": max(float((g_shared[n] - g).abs().max() / g.abs().max())
-                                                         for n, g in g_rows.items() if g.abs().max() > 0)},
+        "train_micro_batch_s": train,
         "decode_round_ms_by_live_sequences": rounds,
         "decode_round_fixed_share_at_64": round(rounds["1"] / rounds["64"], 3) if "64" in rounds else None,
     }

@@ -5,8 +5,11 @@ components (CER, keyword, language, smoothness) early and late, so a CER gain th
 comes with gamed keyword or smoothness scores shows.
 
     python bench/rl_quality.py --experiment NAME [--minutes 45] [--last 3] [--out quality.json]
+                               [--keep quality.json]
 
-Prints a markdown table; --out also writes the figures as JSON.
+Prints a markdown table; --out also writes the figures as JSON. --keep carries the runs
+of an earlier quality.json that this tracking store does not hold (seeds run on another
+machine or from a store since cleared) into the table, same budget and window required.
 """
 from __future__ import annotations
 
@@ -89,6 +92,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def kept_rows(path: str, rows: list[dict], minutes: float, last: int) -> list[dict]:
+    """The runs of an earlier quality.json that `rows` do not hold, measured the same way."""
+    with open(path) as f:
+        earlier = json.load(f)
+    if (earlier["minutes"], earlier["last"]) != (minutes, last):
+        raise SystemExit(f"rl_quality: {path} was measured with --minutes {earlier['minutes']} --last "
+                         f"{earlier['last']}, not {minutes} and {last}")
+    have = {r["run_id"] for r in rows}
+    return [r for r in earlier["runs"] if r["run_id"] not in have]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", required=True)
@@ -97,6 +111,7 @@ def main() -> None:
     p.add_argument("--last", type=int, default=3, help="evaluations averaged at the end")
     p.add_argument("--window", type=int, default=50, help="steps averaged for the early and late rewards")
     p.add_argument("--out", default="")
+    p.add_argument("--keep", default="", help="an earlier quality.json whose runs stay in the table")
     args = p.parse_args()
     client = MlflowClient(tracking_uri=args.tracking_uri)
     try:
@@ -105,6 +120,8 @@ def main() -> None:
         raise SystemExit(f"rl_quality: {exc}") from None
     rows = [run_quality(client, r, args.minutes, args.last, args.window)
             for r in runs if "perf/wall_clock" in r.data.metrics]
+    if args.keep:
+        rows = kept_rows(args.keep, rows, args.minutes, args.last) + rows
     if args.out:
         with open(args.out, "w") as f:
             f.write(json.dumps({"minutes": args.minutes, "last": args.last, "runs": rows}, indent=1) + "\n")

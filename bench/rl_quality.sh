@@ -7,6 +7,8 @@
 #
 #   bash bench/rl_quality.sh [OUT_DIR] [SEED ...]          (default: bench/results/rl_quality 0 1 2)
 #   OVERRIDES="algorithm.temperature=1.0" bash bench/rl_quality.sh ...   # a variant of the recipe
+#   KEEP=OUT_DIR/quality.json bash bench/rl_quality.sh OUT_DIR 1   # add a seed to a table whose runs
+#                                                    # this MLflow store no longer holds
 #
 # OUT_DIR gets quality.md and quality.json. About 45 minutes a seed on 2 CPU cores.
 set -euo pipefail
@@ -23,5 +25,5 @@ for seed in "${SEEDS[@]}"; do
       "logger.experiment_name=$EXPERIMENT" "${EXTRA[@]}"
 done
 mkdir -p "$OUT"
-"$PY" bench/rl_quality.py --experiment "$EXPERIMENT" --out "$OUT/quality.json" > "$OUT/quality.md"
+"$PY" bench/rl_quality.py --experiment "$EXPERIMENT" --out "$OUT/quality.json" ${KEEP:+--keep "$KEEP"} > "$OUT/quality.md"
 cat "$OUT/quality.md"

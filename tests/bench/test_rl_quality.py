@@ -64,3 +64,12 @@ def test_runs_are_labelled_by_the_overrides_that_differ():
     assert q.labels([rows[0], {"run_name": "experiment=grpo_45min,seed=0,trainer.lr=1e-4"}]) == [
         "defaults", "trainer.lr=1e-4"]
     assert q.labels(rows[:1]) == ["experiment=grpo_45min,seed=0"]
+
+
+def test_kept_runs_join_the_table_once_and_only_if_measured_the_same_way(tmp_path):
+    q = load_rl_quality()
+    earlier = tmp_path / "quality.json"
+    earlier.write_text('{"minutes": 45.0, "last": 3, "runs": [{"run_id": "a", "seed": "0"}, {"run_id": "b"}]}')
+    assert q.kept_rows(str(earlier), [{"run_id": "b", "seed": "1"}], 45.0, 3) == [{"run_id": "a", "seed": "0"}]
+    with pytest.raises(SystemExit, match="--minutes 45.0 --last 3, not 21.0 and 3"):
+        q.kept_rows(str(earlier), [], 21.0, 3)

@@ -1,6 +1,6 @@
 """A training batch encodes each distinct utterance once (the samples of a group share
-their features object) and gives the same logits, values and gradients as encoding
-every row's audio on its own."""
+their features object) and runs each distinct prompt through the LM once, and gives the
+same logits, values and gradients as encoding and running every row on its own."""
 from __future__ import annotations
 
 import copy
@@ -63,7 +63,8 @@ def test_policy_logits_and_gradients_equal_per_row_encoding(tiny_model, batch):
     assert batch.audio_rows == ([0, 1, 6], [0, 1, 0, 1, 1, 0, 2])
     n_shared, shared = encoded_utterances(model.model.audio_tower, lambda: response_logits(model, batch))
     n_rows, per_row = encoded_utterances(model.model.audio_tower,
-                                         lambda: response_logits(model, batch, share_audio=False))
+                                         lambda: response_logits(model, batch, share_audio=False,
+                                                                 share_prompt=False))
     assert (n_shared, n_rows) == (3, 7)
     mask = batch.response_mask
     torch.testing.assert_close(shared * mask[..., None], per_row * mask[..., None], rtol=0, atol=1e-5)
@@ -94,3 +95,73 @@ def test_rows_with_their_own_audio_use_the_plain_inputs(tiny_model, tiny_process
     utts = [encode_prompt(tiny_processor, noise_audio(1.0, j), "en") for j in range(2)]
     batch = pack_sequences([p for p, _ in utts], [[5], [6, 7]], [f for _, f in utts], tiny_tokenizer.pad_token_id)
     assert batch.shared_audio_inputs(tiny_model).keys() == batch.model_inputs().keys()
+
+
+def lm_tokens(model, fn) -> tuple[int, object]:
+    """How many token positions went through the language model while `fn` ran, and its result."""
+    seen = []
+    lm = model.model.language_model
+    handle = lm.register_forward_pre_hook(
+        lambda _m, args, kwargs: seen.append(kwargs["inputs_embeds"].shape[:2].numel()), with_kwargs=True)
+    try:
+        out = fn()
+    finally:
+        handle.remove()
+    return sum(seen), out
+
+
+def test_shared_prompt_runs_each_prompt_once_with_equal_logits_and_gradients(tiny_model, batch):
+    model = copy.deepcopy(tiny_model)
+    P, T, B = batch.prompt_width, batch.response_ids.shape[1], batch.input_ids.shape[0]
+    assert batch.prompt_rows == ([0, 1, 6], [0, 1, 0, 1, 1, 0, 2])
+    n_shared, shared = lm_tokens(model, lambda: response_logits(model, batch))
+    n_rows, per_row = lm_tokens(model, lambda: response_logits(model, batch, share_prompt=False))
+    assert (n_shared, n_rows) == (3 * P + B * (T - 1), B * (P + T))
+    mask = batch.response_mask
+    torch.testing.assert_close(shared * mask[..., None], per_row * mask[..., None], rtol=0, atol=1e-5)
+    g_shared, g_rows = grads_after(model, shared, mask), grads_after(model, per_row, mask)
+    assert set(g_shared) == set(g_rows)
+    assert any("language_model.layers" in n for n in g_shared)   # the LM trains through the copied cache
+    for name in g_rows:
+        close(g_shared[name], g_rows[name], name)
+
+
+def test_shared_prompt_with_one_token_responses(tiny_model, tiny_processor, tiny_tokenizer):
+    """Every response one token long: the prompt pass alone predicts them."""
+    utt = encode_prompt(tiny_processor, noise_audio(1.1, 3), "en")
+    a, b = tiny_tokenizer.encode("the cat", add_special_tokens=False)[:2]
+    batch = pack_sequences([utt[0]] * 3, [[a], [b], []], [utt[1]] * 3, tiny_tokenizer.pad_token_id)
+    n_shared, shared = lm_tokens(tiny_model, lambda: response_logits(tiny_model, batch))
+    per_row = response_logits(tiny_model, batch, share_prompt=False)
+    assert n_shared == batch.prompt_width and shared.shape == per_row.shape == (3, 1, shared.shape[-1])
+    torch.testing.assert_close(shared, per_row, rtol=0, atol=1e-5)
+
+
+def test_gradient_checkpointing_runs_every_row_whole(tiny_model, batch):
+    """transformers drops the KV cache under gradient checkpointing, so the prompt cannot be shared there."""
+    from asr_grpo.models.hf_compat import enable_checkpointing
+
+    model = copy.deepcopy(tiny_model)
+    enable_checkpointing(model, use_reentrant=False)
+    model.train()
+    n, _ = lm_tokens(model, lambda: response_logits(model, batch))
+    assert n == batch.input_ids.numel()
+
+
+def test_micro_batches_by_group_keep_each_group_together():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from asr_grpo.workers.training import micro_batches
+
+    items = [SimpleNamespace(uid=f"{g}#{k}", group=str(g)) for k in range(4) for g in range(6)]   # interleaved
+    batches = micro_batches(items, 8, np.random.default_rng(1), by_group=True)
+    assert [len(b) for b in batches] == [8, 8, 8]
+    assert all(len({it.group for it in b}) == 2 for b in batches)
+    assert sorted(it.uid for b in batches for it in b) == sorted(it.uid for it in items)
+    orders = {tuple(it.group for it in sum(micro_batches(items, 8, np.random.default_rng(s), by_group=True), []))
+              for s in range(5)}
+    assert len(orders) > 1   # the groups are shuffled
+    shuffled = micro_batches(items, 8, np.random.default_rng(1))
+    assert sorted(it.uid for b in shuffled for it in b) == sorted(it.uid for it in items)

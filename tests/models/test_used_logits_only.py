@@ -139,10 +139,15 @@ def test_response_logits_project_only_response_positions(tiny_model, tiny_tokeni
     full, batch = full_forward(tiny_model, prompts, feats, responses, pad)
     T = batch.response_ids.shape[1]
     with rows_through(tiny_model.lm_head) as shapes, torch.no_grad():
+        whole = response_logits(tiny_model, batch, share_prompt=False)
         logits = response_logits(tiny_model, batch)
         logp = response_logprobs(tiny_model, batch, TEMPERATURE)
-    assert shapes == [(len(groups), T)] * 2   # not P + T positions a row
-    torch.testing.assert_close(logits, full[:, batch.prompt_width - 1:-1], atol=2e-5, rtol=1e-5)
+    # Not P + T positions a row: T each run whole; sharing a prompt, its last position
+    # once (3 distinct prompts) and the rows' T - 1 response positions.
+    assert shapes[0] == (len(groups), T)
+    assert positions(shapes[1:3]) == positions(shapes[3:]) == 3 + len(groups) * (T - 1)
+    for got in (whole, logits):
+        torch.testing.assert_close(got, full[:, batch.prompt_width - 1:-1], atol=2e-5, rtol=1e-5)
     want = torch.log_softmax(full[:, batch.prompt_width - 1:-1] / TEMPERATURE, -1).gather(
         -1, batch.response_ids[..., None]).squeeze(-1) * batch.response_mask
     assert logp.shape == (len(groups), T)

@@ -60,3 +60,11 @@ def enable_checkpointing(model: torch.nn.Module, **kwargs) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
         raise TypeError(f"trainer.gradient_checkpointing: {type(model).__name__} supports no gradient checkpointing")
+
+
+def checkpointing_enabled(model: torch.nn.Module) -> bool:
+    """Whether gradient checkpointing is on: `is_activation_checkpointing` from 5.23 on,
+    `is_gradient_checkpointing` before (deprecated since)."""
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
+        else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))

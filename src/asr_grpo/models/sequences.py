@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from asr_grpo.algorithms import logprobs_from_logits
+from asr_grpo.models.hf_compat import checkpointing_enabled, output_cache, with_cache
 
 # The encoder processes audio in chunks of 2 * n_window = 100 mel frames.
 FEATURE_CHUNK = 100
@@ -93,6 +94,7 @@ class SequenceBatch:
     response_mask: torch.Tensor      # [B, T] float
     prompt_width: int                # P
     audio_rows: tuple[list[int], list[int]] | None = None   # `distinct` over the rows' features objects
+    prompt_rows: tuple[list[int], list[int]] | None = None  # `distinct` over (features object, prompt tokens)
 
     def model_inputs(self) -> dict:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
@@ -137,19 +139,60 @@ def pack_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
             mask[i, P:P + len(r)] = 1
     feats, feat_mask = stack_features(features)
     return SequenceBatch(ids, mask, positions_from_mask(mask), feats, feat_mask,
-                         ids[:, P:].clone(), mask[:, P:].float(), P, distinct([id(f) for f in features]))
+                         ids[:, P:].clone(), mask[:, P:].float(), P, distinct([id(f) for f in features]),
+                         distinct([(id(f), tuple(p)) for f, p in zip(features, prompts)]))
 
 
-def response_logits(model, batch: SequenceBatch, share_audio: bool = True) -> torch.Tensor:
+def response_logits(model, batch: SequenceBatch, share_audio: bool = True,
+                    share_prompt: bool = True) -> torch.Tensor:
     """Logits [B, T, V] that predict each response token, on the model's device (with
     grad when it is on): only the response positions go through the LM head
-    (`logits_to_keep`), so no prompt position is projected onto the vocabulary, and
-    (`share_audio`) each distinct utterance of the batch is encoded once."""
+    (`logits_to_keep`), so no prompt position is projected onto the vocabulary;
+    (`share_audio`) each distinct utterance of the batch is encoded once, and
+    (`share_prompt`) each distinct prompt is run through the LM once, its KV cache
+    copied to the rows that share it (`_shared_prompt_logits`)."""
+    if share_prompt and _shares_prompts(model, batch):
+        return _shared_prompt_logits(model, batch)
     P, T = batch.prompt_width, batch.response_ids.shape[1]
     inputs = batch.shared_audio_inputs(hf_module(model)) if share_audio else batch.model_inputs()
     out = model(**on_model_device(model, {**inputs, "logits_to_keep": torch.arange(P - 1, P + T - 1)}),
                 use_cache=False)
     return out.logits
+
+
+def _shares_prompts(model, batch: SequenceBatch) -> bool:
+    """Whether some rows share a prompt and the model can carry a KV cache through a
+    training forward (transformers drops the cache under gradient checkpointing)."""
+    first, index = batch.prompt_rows or ([], [])
+    hf = hf_module(model)
+    return (len(first) < len(index) and hasattr(hf, "get_audio_features")
+            and not checkpointing_enabled(hf))
+
+
+def _shared_prompt_logits(model, batch: SequenceBatch) -> torch.Tensor:
+    """`response_logits` with each distinct prompt run once: the n samples of a GRPO group
+    share their audio prompt (~4x their response in tokens), so the LM's forward and
+    backward cost P + n * T tokens per group instead of n * (P + T). The prompt pass keeps
+    its last position's logits (they predict response token 0) and its KV cache; the cache
+    is copied to every row by index, differentiably, so the gradients of the copies sum
+    into the one prompt pass, as they would over separate rows. The response pass then
+    predicts tokens 1 .. T-1. Equal to the whole-row forward up to float rounding."""
+    first, index = batch.prompt_rows
+    P, T = batch.prompt_width, batch.response_ids.shape[1]
+    prompt = {"input_ids": batch.input_ids[first, :P], "attention_mask": batch.attention_mask[first, :P],
+              "position_ids": batch.position_ids[first, :P], "input_features": batch.input_features[first],
+              "input_features_mask": batch.input_features_mask[first]}
+    out = model(**on_model_device(model, {**prompt, "logits_to_keep": 1}), use_cache=True)
+    rows = torch.as_tensor(index, dtype=torch.long, device=out.logits.device)
+    head = out.logits[:, -1:][rows]   # [B, 1, V]: left padding puts every prompt's last token at column P - 1
+    if T == 1:
+        return head
+    cache = output_cache(out)
+    cache.batch_select_indices(rows)
+    rest = {"input_ids": batch.input_ids[:, P:P + T - 1], "attention_mask": batch.attention_mask[:, :P + T - 1],
+            "position_ids": batch.position_ids[:, P:P + T - 1]}
+    out = model(**with_cache(on_model_device(model, rest), cache), use_cache=True)
+    return torch.cat([head, out.logits], dim=1)
 
 
 def hf_module(model):

@@ -12,10 +12,21 @@ import torch
 
 from asr_grpo.config.schema import TrainerConfig
 from asr_grpo.experience.types import NonFiniteError, check_finite
+from asr_grpo.models.sequences import distinct
 
 
-def micro_batches(items: Sequence, size: int, rng: np.random.Generator) -> list[list]:
-    order = rng.permutation(len(items))
+def micro_batches(items: Sequence, size: int, rng: np.random.Generator, by_group: bool = False) -> list[list]:
+    """Items in shuffled micro-batches of `size`. `by_group`: the groups are shuffled and
+    each keeps its items together, so a micro-batch holds few prompts and the training
+    forward runs each of them once for all its samples (`sequences._shared_prompt_logits`)."""
+    if not by_group:
+        order = rng.permutation(len(items))
+    else:
+        first, index = distinct([it.group for it in items])
+        members = [[] for _ in first]
+        for i, g in enumerate(index):
+            members[g].append(i)
+        order = [i for g in rng.permutation(len(first)) for i in members[g]]
     return [[items[i] for i in order[s:s + size]] for s in range(0, len(items), size)]
 
 
@@ -28,7 +39,7 @@ def run_updates(engine, items: Sequence, trainer: TrainerConfig,
     rng = np.random.default_rng(seed + engine.global_steps)
     grad_norms = []
     for _ in range(trainer.train_epochs):
-        for mb in micro_batches(items, trainer.micro_batch_size, rng):
+        for mb in micro_batches(items, trainer.micro_batch_size, rng, trainer.micro_batch_by_group):
             loss, metrics = loss_fn(engine, mb)
             if not bool(torch.isfinite(loss)):
                 raise NonFiniteError(f"non-finite loss {float(loss)} on samples {[it.uid for it in mb]}: "
