@@ -66,7 +66,9 @@ def labels(rows: list[dict]) -> list[str]:
     if len(parts) < 2:
         return [r["run_name"] for r in rows]
     common = set.intersection(*map(set, parts))
-    return [",".join(p for p in ps if p not in common) or "defaults" for ps in parts]
+    names = [",".join(p for p in ps if p not in common) or "defaults" for ps in parts]
+    # Runs with the same overrides (a seed rerun from another checkpoint or code): their ids tell them apart.
+    return [f"{n} (run {r['run_id'][:8]})" if names.count(n) > 1 else n for n, r in zip(names, rows)]
 
 
 def first_last_table(names: list[str], rows: list[dict], keys: tuple[str, ...]) -> list[str]:

@@ -64,6 +64,9 @@ def test_runs_are_labelled_by_the_overrides_that_differ():
     assert q.labels([rows[0], {"run_name": "experiment=grpo_45min,seed=0,trainer.lr=1e-4"}]) == [
         "defaults", "trainer.lr=1e-4"]
     assert q.labels(rows[:1]) == ["experiment=grpo_45min,seed=0"]
+    again = [{"run_name": "seed=0", "run_id": "aaaaaaaa11"}, {"run_name": "seed=0", "run_id": "bbbbbbbb22"},
+             {"run_name": "seed=1", "run_id": "cccccccc33"}]
+    assert q.labels(again) == ["seed=0 (run aaaaaaaa)", "seed=0 (run bbbbbbbb)", "seed=1"]
 
 
 def test_kept_runs_join_the_table_once_and_only_if_measured_the_same_way(tmp_path):
