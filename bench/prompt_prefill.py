@@ -121,7 +121,7 @@ def main() -> None:
     t_full, lp_full = timed(full_forward, args.repeats)
     t_once, lp_once = timed(shared_scoring, args.repeats)
 
-    # Training micro-batches of `micro` rows: whole groups, and the trainer's own draw.
+    # Training micro-batches of `micro` rows, drawn as the trainer draws them: by group (the default) and by sample.
     set_audio_encoder_frozen(model, True)
     samples = [SimpleNamespace(index=i, group=i // args.samples) for i in range(len(rows))]
     train_rows = {name: [s.index for s in micro_batches(samples, micro, np.random.default_rng(0), by_group)[0]]
