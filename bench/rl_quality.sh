@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The default GRPO experiment (experiment=grpo_45min: 750 steps, held-out CER on 200 dev
+# The default GRPO experiment (experiment=grpo_45min: 32 samples a prompt, 8 trained, up to 44
+# minutes; held-out CER on 200 dev
 # and 200 held-out-voice utterances every 50 steps) on several seeds, one after another,
 # then the quality table from their MLflow runs: CER at step 0 and as the mean of the last
 # three evaluations inside 45 minutes, overall, per language and on unseen voices, and
