@@ -33,16 +33,20 @@ def batch(tiny_processor, tiny_tokenizer):
     return pack_sequences([p for p, _ in rows], responses, [f for _, f in rows], tiny_tokenizer.pad_token_id)
 
 
-def encoded_utterances(model, fn) -> tuple[int, object]:
-    """How many utterances went through the audio encoder while `fn` ran, and its result."""
+def counted(module, fn, count) -> tuple[int, object]:
+    """The sum of `count(forward kwargs)` over `module`'s calls while `fn` ran, and its result."""
     seen = []
-    handle = model.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(kwargs["input_features"].shape[0]),
-                                             with_kwargs=True)
+    handle = module.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(count(kwargs)), with_kwargs=True)
     try:
         out = fn()
     finally:
         handle.remove()
     return sum(seen), out
+
+
+def encoded_utterances(model, fn) -> tuple[int, object]:
+    """How many utterances went through the audio encoder while `fn` ran, and its result."""
+    return counted(model, fn, lambda kwargs: kwargs["input_features"].shape[0])
 
 
 def grads_after(model, out: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -99,15 +103,7 @@ def test_rows_with_their_own_audio_use_the_plain_inputs(tiny_model, tiny_process
 
 def lm_tokens(model, fn) -> tuple[int, object]:
     """How many token positions went through the language model while `fn` ran, and its result."""
-    seen = []
-    lm = model.model.language_model
-    handle = lm.register_forward_pre_hook(
-        lambda _m, args, kwargs: seen.append(kwargs["inputs_embeds"].shape[:2].numel()), with_kwargs=True)
-    try:
-        out = fn()
-    finally:
-        handle.remove()
-    return sum(seen), out
+    return counted(model.model.language_model, fn, lambda kwargs: kwargs["inputs_embeds"].shape[:2].numel())
 
 
 def test_shared_prompt_runs_each_prompt_once_with_equal_logits_and_gradients(tiny_model, batch):

@@ -12,7 +12,6 @@ import torch
 
 from asr_grpo.config.schema import TrainerConfig
 from asr_grpo.experience.types import NonFiniteError, check_finite
-from asr_grpo.models.sequences import distinct
 
 
 def micro_batches(items: Sequence, size: int, rng: np.random.Generator, by_group: bool = False) -> list[list]:
@@ -22,11 +21,11 @@ def micro_batches(items: Sequence, size: int, rng: np.random.Generator, by_group
     if not by_group:
         order = rng.permutation(len(items))
     else:
-        first, index = distinct([it.group for it in items])
-        members = [[] for _ in first]
-        for i, g in enumerate(index):
-            members[g].append(i)
-        order = [i for g in rng.permutation(len(first)) for i in members[g]]
+        members: dict = {}
+        for i, it in enumerate(items):
+            members.setdefault(it.group, []).append(i)
+        groups = list(members.values())
+        order = [i for g in rng.permutation(len(groups)) for i in groups[g]]
     return [[items[i] for i in order[s:s + size]] for s in range(0, len(items), size)]
 
 
