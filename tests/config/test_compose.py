@@ -119,6 +119,7 @@ def test_group_file_with_unknown_key_is_rejected(tmp_path):
     (["sft.wave_augment.speed_min=1.2", "sft.wave_augment.speed_max=1.1"], "speed_min=1.2, speed_max=1.1"),
     (["sft.wave_augment.babble_talkers=0"], "sft.wave_augment.babble_talkers=0"),
     (["sft.wave_augment.babble_snr_db_min=30"], "babble_snr_db_min=30.0 is above babble_snr_db_max=25.0"),
+    (["trainer.wave_augment.babble_prob=-0.1"], "trainer.wave_augment.babble_prob=-0.1: must be in [0, 1]"),
 ])
 def test_impossible_combinations_are_rejected_naming_the_keys(overrides, needle):
     with pytest.raises(ConfigError) as err:

@@ -140,18 +140,43 @@ def test_prompt_groups_stay_unique_when_the_prompt_set_wraps_inside_a_step(root)
     """12 groups from the 8 debug RL prompts: the sampler wraps into its next epoch
     inside one step, and the second draw of an utterance must not reuse a uid (the
     rollout host and the buffer key sequences by it)."""
-    from asr_grpo.data import AsrDataset, resolve_manifests
-    from asr_grpo.experience.prompts import PromptSampler
-    from asr_grpo.models import load_processor
-
-    cfg = compose_cfg(root)
-    recipe = RLRecipe(cfg)   # no setup: only the prompt-drawing parts
-    recipe.train_set = AsrDataset(resolve_manifests(cfg.data, cfg.paths.output_root).rl_prompts, cfg.data)
-    recipe.sampler = PromptSampler(len(recipe.train_set), cfg.seed)
-    recipe.processor = load_processor(cfg.model.path)
+    recipe = _prompt_recipe(root)
     groups = recipe._new_groups(12, step=3)
     uids = [g.uid for g in groups]
     assert len(recipe.train_set) == 8 and len(set(uids)) == 12
     assert sum(u.startswith("s3:e1:rl-") for u in uids) == 4 and sum(u.startswith("s3:e0:rl-") for u in uids) == 8
     rebuilt = recipe._group(groups[-1].item_index, 3, uid=groups[-1].uid)   # as resume rebuilds it
     assert rebuilt.uid == groups[-1].uid and rebuilt.prompt_ids == groups[-1].prompt_ids
+
+
+def test_wave_augment_perturbs_each_group_once_and_a_rebuilt_group_the_same(root):
+    """trainer.wave_augment: the prompt audio a group is encoded from is perturbed (speed
+    and babble from other RL prompts), the same for the group when resume rebuilds it from
+    its uid, different for another draw of the same utterance; off, the stored audio."""
+    def same(a, b) -> bool:
+        return torch.equal(a.features.features, b.features.features) and torch.equal(a.features.mask, b.features.mask)
+
+    plain = _prompt_recipe(root)
+    clean = plain._new_groups(4, step=0)
+    recipe = _prompt_recipe(root, "trainer.wave_augment.speed_prob=1", "trainer.wave_augment.babble_prob=1")
+    groups = recipe._new_groups(4, step=0)
+    assert [g.uid for g in groups] == [g.uid for g in clean]
+    for g, c in zip(groups, clean):
+        assert not same(g, c)
+        assert same(recipe._group(g.item_index, 0, uid=g.uid), g)   # as resume rebuilds it
+    assert not same(recipe._group(groups[0].item_index, 5), groups[0])   # drawn again in another step
+    assert same(plain._group(clean[0].item_index, 0, uid=clean[0].uid), clean[0])
+
+
+def _prompt_recipe(root, *overrides: str) -> RLRecipe:
+    """An RLRecipe with only its prompt-drawing parts (no Ray, no workers)."""
+    from asr_grpo.data import AsrDataset, resolve_manifests
+    from asr_grpo.experience.prompts import PromptSampler
+    from asr_grpo.models import load_processor
+
+    cfg = compose_cfg(root, *overrides)
+    recipe = RLRecipe(cfg)
+    recipe.train_set = AsrDataset(resolve_manifests(cfg.data, cfg.paths.output_root).rl_prompts, cfg.data)
+    recipe.sampler = PromptSampler(len(recipe.train_set), cfg.seed)
+    recipe.processor = load_processor(cfg.model.path)
+    return recipe

@@ -154,7 +154,8 @@ class SpecAugmentConfig:
 
 @dataclass
 class WaveAugmentConfig:
-    """SFT-only waveform perturbation (asr_grpo.data.augment), drawn anew every step."""
+    """Waveform perturbation (asr_grpo.data.augment), drawn anew every step: SFT's
+    (sft.wave_augment) and the RL prompts' (trainer.wave_augment, off by default)."""
     speed_prob: float = 0.5        # share of utterances speed-perturbed (tempo and pitch together)
     speed_min: float = 0.85        # factor range: 0.85 = 15% slower and lower
     speed_max: float = 1.15
@@ -377,6 +378,10 @@ class TrainerConfig:
     keep_last: int = 0                # step checkpoints kept (the newest); 0: all
     resume: bool = False
     output_dir: str = "${paths.output_root}/checkpoints/rl"
+    # RL prompts' audio perturbed once a group (all its samples hear the same audio) from a seed
+    # of the run's seed and the prompt's draw, so a resumed run hears what the uninterrupted one did
+    wave_augment: WaveAugmentConfig = field(default_factory=lambda: WaveAugmentConfig(speed_prob=0.0,
+                                                                                      babble_prob=0.0))
 
 
 @dataclass

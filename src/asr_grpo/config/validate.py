@@ -107,16 +107,19 @@ def config_problems(cfg: Any) -> list[str]:
              f"trainer.prompts_per_step={tr.prompts_per_step} is not divisible by "
              f"placement.actor_num_ranks={pl.actor_num_ranks}: every data-parallel rank needs the same "
              f"number of prompt groups")
-    wa = cfg.sft.wave_augment
-    for key in ("speed_prob", "babble_prob"):
-        need(0 <= wa[key] <= 1, f"sft.wave_augment.{key}={wa[key]}: must be in [0, 1]")
-    need(0.5 <= wa.speed_min <= wa.speed_max <= 2,
-         f"sft.wave_augment.speed_min={wa.speed_min}, speed_max={wa.speed_max}: need 0.5 <= min <= max <= 2")
-    need(wa.babble_talkers >= 1, f"sft.wave_augment.babble_talkers={wa.babble_talkers}: must be >= 1")
-    need(wa.babble_snr_db_min <= wa.babble_snr_db_max,
-         f"sft.wave_augment.babble_snr_db_min={wa.babble_snr_db_min} is above babble_snr_db_max="
-         f"{wa.babble_snr_db_max}")
+    for group in ("sft", "trainer"):
+        _check_wave_augment(cfg[group].wave_augment, f"{group}.wave_augment", need)
     return problems
+
+
+def _check_wave_augment(wa: Any, key: str, need) -> None:
+    for name in ("speed_prob", "babble_prob"):
+        need(0 <= wa[name] <= 1, f"{key}.{name}={wa[name]}: must be in [0, 1]")
+    need(0.5 <= wa.speed_min <= wa.speed_max <= 2,
+         f"{key}.speed_min={wa.speed_min}, speed_max={wa.speed_max}: need 0.5 <= min <= max <= 2")
+    need(wa.babble_talkers >= 1, f"{key}.babble_talkers={wa.babble_talkers}: must be >= 1")
+    need(wa.babble_snr_db_min <= wa.babble_snr_db_max,
+         f"{key}.babble_snr_db_min={wa.babble_snr_db_min} is above babble_snr_db_max={wa.babble_snr_db_max}")
 
 
 def validate_config(cfg: Any) -> None:

@@ -1,7 +1,8 @@
-"""SFT-only augmentation: waveform perturbation (speed, babble) and SpecAugment masks.
+"""Augmentation: waveform perturbation (speed, babble) and SpecAugment masks.
 
-Waveform perturbation is drawn anew every step, so the 13 or so passes over the corpus
-each hear a different version of an utterance:
+Waveform perturbation is drawn anew every step, so the 13 or so SFT passes over the
+corpus each hear a different version of an utterance (and RL prompts, with
+trainer.wave_augment, a different version each time they are drawn):
 - speed perturbation (Ko et al., 2015): the waveform resampled and played at the
   original rate, so tempo and pitch move together by the drawn factor;
 - babble: other utterances of the batch summed under the utterance at a drawn SNR,
@@ -50,23 +51,26 @@ def mix_babble(audio: np.ndarray, talkers: list[np.ndarray], snr_db: float,
     return (mixed * min(1.0, peak / mixed_peak)).astype(np.float32)
 
 
+def perturb(audio: np.ndarray, others: list[np.ndarray], cfg: WaveAugmentConfig,
+            rng: np.random.Generator) -> np.ndarray:
+    """One utterance, speed-perturbed with probability `cfg.speed_prob` and mixed with
+    1..`cfg.babble_talkers` of `others` with probability `cfg.babble_prob`. The input is
+    not modified."""
+    if cfg.speed_prob > 0 and rng.random() < cfg.speed_prob:
+        audio = speed_perturb(audio, float(rng.uniform(cfg.speed_min, cfg.speed_max)))
+    if others and cfg.babble_prob > 0 and rng.random() < cfg.babble_prob:
+        count = int(rng.integers(1, min(cfg.babble_talkers, len(others)) + 1))
+        picks = rng.choice(len(others), size=count, replace=False)
+        audio = mix_babble(audio, [others[j] for j in picks],
+                           float(rng.uniform(cfg.babble_snr_db_min, cfg.babble_snr_db_max)), rng)
+    return audio
+
+
 def perturb_batch(audios: list[np.ndarray], cfg: WaveAugmentConfig,
                   rng: np.random.Generator) -> list[np.ndarray]:
-    """Each utterance of a batch, speed-perturbed with probability `cfg.speed_prob` and
-    mixed with 1..`cfg.babble_talkers` other utterances of the batch (as they were
-    loaded) with probability `cfg.babble_prob`. The inputs are not modified."""
-    out = []
-    for i, audio in enumerate(audios):
-        if cfg.speed_prob > 0 and rng.random() < cfg.speed_prob:
-            audio = speed_perturb(audio, float(rng.uniform(cfg.speed_min, cfg.speed_max)))
-        others = [a for j, a in enumerate(audios) if j != i]
-        if others and cfg.babble_prob > 0 and rng.random() < cfg.babble_prob:
-            count = int(rng.integers(1, min(cfg.babble_talkers, len(others)) + 1))
-            picks = rng.choice(len(others), size=count, replace=False)
-            audio = mix_babble(audio, [others[j] for j in picks],
-                               float(rng.uniform(cfg.babble_snr_db_min, cfg.babble_snr_db_max)), rng)
-        out.append(audio)
-    return out
+    """Each utterance of a batch perturbed (`perturb`) with the other utterances of the
+    batch, as they were loaded, as its babble."""
+    return [perturb(audio, audios[:i] + audios[i + 1:], cfg, rng) for i, audio in enumerate(audios)]
 
 
 def spec_augment(features: torch.Tensor, frame_mask: torch.Tensor, cfg: SpecAugmentConfig,

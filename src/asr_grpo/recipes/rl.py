@@ -10,6 +10,7 @@ import contextlib
 import logging
 import math
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,6 +23,7 @@ from tqdm import tqdm
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.config.validate import validate_config
 from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
+from asr_grpo.data.augment import perturb
 from asr_grpo.distributed.faults import TrainerDied, is_actor_death, restart_options, trainer_died_message
 from asr_grpo.distributed.net import free_port
 from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
@@ -213,8 +215,24 @@ class RLRecipe:
     # ---- one step ---------------------------------------------------------------------
     def _group(self, index: int, step: int, item: dict | None = None, uid: str | None = None):
         uid = uid or f"s{step}:{self.train_set.utterances[index].id}"
-        item = self.train_set[index] if item is None else item
+        item = self._perturbed(index, self.train_set[index] if item is None else item, uid)
         return build_group(self.processor, item, self.cfg.algorithm.n_samples_per_prompt, uid, step, index)
+
+    def _perturbed(self, index: int, item: dict, uid: str) -> dict:
+        """The prompt with its audio perturbed (trainer.wave_augment), once for the whole
+        group. Seeded by the group's uid, babble drawn from the RL prompts: a group rebuilt
+        on resume hears what it heard in the uninterrupted run."""
+        wave = self.cfg.trainer.wave_augment
+        if wave.speed_prob == 0 and wave.babble_prob == 0:
+            return item
+        rng = np.random.default_rng([self.cfg.seed, zlib.crc32(uid.encode())])
+        others = []
+        if wave.babble_prob > 0 and len(self.train_set) > 1:
+            picks = rng.choice(len(self.train_set) - 1, size=min(wave.babble_talkers, len(self.train_set) - 1),
+                               replace=False)
+            loaded = (self.train_set.load(int(j + (j >= index))) for j in picks)   # any prompt but this one
+            others = [o["audio"] for o in loaded if o is not None]
+        return {**item, "audio": perturb(item["audio"], others, wave, rng)}
 
     def _new_groups(self, k: int, step: int) -> list:
         """k prompt groups; with data.on_bad_audio=skip an utterance whose audio fails to
