@@ -39,3 +39,13 @@ def test_groups_are_down_sampled_one_by_one_and_whole_groups_stay():
     groups = ["a"] * 4 + ["b"] * 4 + ["c"] * 2
     assert downsample_groups(rewards, groups, 2) == [0, 2, 6, 7, 8, 9]   # c has only 2
     assert downsample_groups(rewards, groups, 2, whole={"b"}) == [0, 2, 4, 5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize(("n", "m", "trained"), [(32, 8, 8), (4, 8, 4), (8, None, 8), (2, 2, 2)])
+def test_at_most_train_samples_per_prompt_of_a_group_train(n, m, trained):
+    """The recipe's 8 of 32 leaves a quick run that samples fewer (debug=fast: 2) training all of them."""
+    from asr_grpo.config.schema import AlgorithmConfig
+    from asr_grpo.experience.maker import samples_trained_per_prompt
+
+    algo = AlgorithmConfig(n_samples_per_prompt=n, train_samples_per_prompt=m)
+    assert samples_trained_per_prompt(algo) == trained

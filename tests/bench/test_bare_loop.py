@@ -21,13 +21,14 @@ def test_bare_loop_runs_two_steps_and_writes_its_json(root, tmp_path):
                            "--out", str(out)])
     result = json.loads(out.read_text())
     assert {"command", "overrides", "threads", "summary", "per_step", "response_lengths"} <= set(result)
-    assert result["overrides"][0] == "overlap=none"
+    assert result["overrides"][:3] == ["overlap=none", "algorithm.n_samples_per_prompt=8",
+                                       "algorithm.train_samples_per_prompt=null"]
     steps = result["per_step"]
     assert [r["step"] for r in steps] == [0, 1]
     for r, lengths in zip(steps, result["response_lengths"]):
         assert math.isfinite(r["reward"]) and 0.0 <= r["reward"] <= 1.0
-        # debug=fast: 2 prompts x 2 samples, at most 16 new tokens each
-        assert len(lengths) == 4 and all(1 <= n <= 16 for n in lengths)
+        # debug=fast's 2 prompts x the overlap benchmark's 8 samples, at most 16 new tokens each
+        assert len(lengths) == 16 and all(1 <= n <= 16 for n in lengths)
         assert r["response_length"] == pytest.approx(sum(lengths) / len(lengths))
         phases = r["rollout_s"] + r["scoring_s"] + r["training_s"] + r["sync_s"]
         assert r["step_s"] == pytest.approx(phases, rel=1e-6)

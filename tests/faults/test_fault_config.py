@@ -32,9 +32,8 @@ COMBINATION_FAULTS = {
     "PPO without a critic": (["algorithm=ppo", "algorithm.use_critic=false"],
                              "algorithm.name=ppo needs a critic: set algorithm.use_critic=true"),
     "a wall-clock cap of zero": (["trainer.max_minutes=0"], "trainer.max_minutes=0.0: must be > 0"),
-    "more trained samples than sampled": (["algorithm.n_samples_per_prompt=4", "algorithm.train_samples_per_prompt=6"],
-                                          "algorithm.train_samples_per_prompt=6: must be between 2 and "
-                                          "algorithm.n_samples_per_prompt=4"),
+    "one trained sample with rloo": (["algorithm.train_samples_per_prompt=1"],
+                                     "algorithm.train_samples_per_prompt=1: must be >= 2 for advantage_estimator=rloo"),
 }
 
 

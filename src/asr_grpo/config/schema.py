@@ -236,10 +236,10 @@ DEFAULT_ROLE_CPUS = {"actor": 0.0, "ref": 0.0, "critic": 0.0, "reward_model": 0.
 class AlgorithmConfig:
     name: AlgorithmName = AlgorithmName.grpo
     advantage_estimator: AdvantageEstimator = AdvantageEstimator.rloo
-    n_samples_per_prompt: int = 8
-    # Train on this many of each prompt's n samples, those whose rewards spread most
+    n_samples_per_prompt: int = 32
+    # Train on at most this many of each prompt's n samples, those whose rewards spread most
     # (max-variance down-sampling: decoding is cheap next to training); null: all n.
-    train_samples_per_prompt: Optional[int] = None
+    train_samples_per_prompt: Optional[int] = 8
     gamma: float = 1.0
     lam: float = 0.95
     kl_coef: float = 0.01

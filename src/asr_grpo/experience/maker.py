@@ -39,8 +39,10 @@ def split_even(items: Sequence, parts: int) -> list[list]:
 
 
 def samples_trained_per_prompt(algo) -> int:
-    """How many samples of each prompt group an update trains on."""
-    return algo.train_samples_per_prompt or algo.n_samples_per_prompt
+    """How many samples of each prompt group an update trains on: at most
+    `train_samples_per_prompt` of the `n_samples_per_prompt` sampled."""
+    n = algo.n_samples_per_prompt
+    return min(algo.train_samples_per_prompt or n, n)
 
 
 def experience_items(algo, seqs: list[SequenceResult], refs: list[SequenceRef], old, ref, values,

@@ -142,9 +142,12 @@ class Fit:
 
 
 def trained_per_prompt(facts: RunFacts) -> int | None:
-    """The run's `algorithm.train_samples_per_prompt` (None: all samples train)."""
+    """The run's `algorithm.train_samples_per_prompt` where it trained fewer than it sampled
+    (None: all samples train)."""
     value = facts.config.get("algorithm.train_samples_per_prompt")
-    return None if value in (None, "None", "null", "") else int(value)
+    if value in (None, "None", "null", ""):
+        return None
+    return int(value) if int(value) < facts.get("algorithm.n_samples_per_prompt", 8) else None
 
 
 def fit(facts: RunFacts, round_fixed_share: float = 0.12, prompt_tokens: int = 64) -> Fit:

@@ -81,7 +81,7 @@ class Workload:
     prompt_text_tokens: int = 32
     audio_tokens_per_token: float = 0.0   # prompt grows with the response (ASR: audio ~ transcript)
     seed: int = 0
-    train_samples: int | None = None   # samples of a group that train (max-variance down-sampling); None: all n
+    train_samples: int | None = None   # at most this many of a group's n train (max-variance); None: all n
     scripted: Callable[[str], list[int]] | None = None   # group uid -> lengths (tests: lengths chosen by hand)
     _cache: dict[str, tuple[list[int], int]] = field(default_factory=dict)
 
@@ -89,7 +89,7 @@ class Workload:
     def train_share(self) -> float:
         """The share of a group's samples that is scored after the rollout and trained: the
         rewards of all n choose them first (`algorithm.train_samples_per_prompt`)."""
-        return (self.train_samples or self.n) / self.n
+        return min(self.train_samples or self.n, self.n) / self.n
 
     def _group(self, group_uid: str) -> tuple[list[int], int]:
         got = self._cache.get(group_uid)
