@@ -4,12 +4,14 @@ last evaluations inside a time budget, their relative drops, and the reward's
 components (CER, keyword, language, smoothness) early and late, so a CER gain that
 comes with gamed keyword or smoothness scores shows.
 
-    python bench/rl_quality.py --experiment NAME [--minutes 45] [--last 3] [--out quality.json]
-                               [--keep quality.json]
+    python bench/rl_quality.py --experiment NAME [--minutes 45] [--max-step N] [--last 3]
+                               [--out quality.json] [--keep quality.json]
 
 Prints a markdown table; --out also writes the figures as JSON. --keep carries the runs
 of an earlier quality.json that this tracking store does not hold (seeds run on another
 machine or from a store since cleared) into the table, same budget and window required.
+--max-step reads every run at the same steps instead (runs on machines of different speed
+reach different steps in the same minutes).
 """
 from __future__ import annotations
 
@@ -28,10 +30,15 @@ REWARDS = ("reward/total", "reward/cer", "reward/keyword", "reward/language", "r
 LANGUAGE_REWARDS = tuple(f"{k}/{lang}" for k in ("reward/cer", "reward/flat_groups") for lang in LANGUAGES)
 
 
-def eval_summary(points: dict[int, float], minutes_at: dict[int, float], budget_min: float, last: int) -> dict:
-    """CER at step 0, the mean of the last `last` evaluations after it inside the budget,
-    and the relative drop (positive: better)."""
-    inside = [s for s in sorted(points) if s > 0 and minutes_at.get(s, float("inf")) <= budget_min]
+def inside_budget(step: int, minutes_at: dict[int, float], budget_min: float, max_step: int | None) -> bool:
+    return minutes_at.get(step, float("inf")) <= budget_min and (max_step is None or step <= max_step)
+
+
+def eval_summary(points: dict[int, float], minutes_at: dict[int, float], budget_min: float, last: int,
+                 max_step: int | None = None) -> dict:
+    """CER at step 0, the mean of the last `last` evaluations after it inside the budget
+    (minutes, and steps when max_step is given), and the relative drop (positive: better)."""
+    inside = [s for s in sorted(points) if s > 0 and inside_budget(s, minutes_at, budget_min, max_step)]
     start = points.get(0, float("nan"))
     tail = inside[-last:]
     end = mean(points[s] for s in tail)
@@ -39,7 +46,8 @@ def eval_summary(points: dict[int, float], minutes_at: dict[int, float], budget_
             "steps": tail, "minutes": [round(minutes_at[s], 1) for s in tail]}
 
 
-def run_quality(client: MlflowClient, run, budget_min: float, last: int, window: int) -> dict:
+def run_quality(client: MlflowClient, run, budget_min: float, last: int, window: int,
+                max_step: int | None = None) -> dict:
     rid = run.info.run_id
     wall = history(client, rid, "perf/wall_clock")
     minutes_at = {0: 0.0, **{s: v / 60 for s, v in wall.items()}}
@@ -49,10 +57,10 @@ def run_quality(client: MlflowClient, run, budget_min: float, last: int, window:
         for suffix in ("", *(f"/{lang}" for lang in LANGUAGES)):
             points = history(client, rid, key + suffix)
             if points:
-                row[f"{name}{suffix}"] = eval_summary(points, minutes_at, budget_min, last)
+                row[f"{name}{suffix}"] = eval_summary(points, minutes_at, budget_min, last, max_step)
     for key in REWARDS + LANGUAGE_REWARDS:
         values = history(client, rid, key)
-        steps = sorted(s for s in values if minutes_at.get(s, float("inf")) <= budget_min)
+        steps = sorted(s for s in values if inside_budget(s, minutes_at, budget_min, max_step))
         if steps:
             row[key] = {"first": mean(values[s] for s in steps[:window]),
                         "last": mean(values[s] for s in steps[-window:])}
@@ -94,13 +102,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def kept_rows(path: str, rows: list[dict], minutes: float, last: int) -> list[dict]:
+def kept_rows(path: str, rows: list[dict], minutes: float, last: int, max_step: int | None = None) -> list[dict]:
     """The runs of an earlier quality.json that `rows` do not hold, measured the same way."""
     with open(path) as f:
         earlier = json.load(f)
-    if (earlier["minutes"], earlier["last"]) != (minutes, last):
-        raise SystemExit(f"rl_quality: {path} was measured with --minutes {earlier['minutes']} --last "
-                         f"{earlier['last']}, not {minutes} and {last}")
+    then = (earlier["minutes"], earlier["last"], earlier.get("max_step"))
+    if then != (minutes, last, max_step):
+        raise SystemExit(f"rl_quality: {path} was measured with --minutes {then[0]} --last {then[1]} "
+                         f"--max-step {then[2]}, not {minutes}, {last} and {max_step}")
     have = {r["run_id"] for r in rows}
     return [r for r in earlier["runs"] if r["run_id"] not in have]
 
@@ -110,6 +119,7 @@ def main() -> None:
     p.add_argument("--experiment", required=True)
     p.add_argument("--tracking-uri", default="sqlite:///outputs/mlflow.db")
     p.add_argument("--minutes", type=float, default=45.0, help="time budget: evaluations after it are left out")
+    p.add_argument("--max-step", type=int, default=None, help="step budget: evaluations after it are left out")
     p.add_argument("--last", type=int, default=3, help="evaluations averaged at the end")
     p.add_argument("--window", type=int, default=50, help="steps averaged for the early and late rewards")
     p.add_argument("--out", default="")
@@ -120,13 +130,14 @@ def main() -> None:
         runs = experiment_runs(client, args.experiment)
     except ValueError as exc:
         raise SystemExit(f"rl_quality: {exc}") from None
-    rows = [run_quality(client, r, args.minutes, args.last, args.window)
+    rows = [run_quality(client, r, args.minutes, args.last, args.window, args.max_step)
             for r in runs if "perf/wall_clock" in r.data.metrics]
     if args.keep:
-        rows = kept_rows(args.keep, rows, args.minutes, args.last) + rows
+        rows = kept_rows(args.keep, rows, args.minutes, args.last, args.max_step) + rows
     if args.out:
         with open(args.out, "w") as f:
-            f.write(json.dumps({"minutes": args.minutes, "last": args.last, "runs": rows}, indent=1) + "\n")
+            f.write(json.dumps({"minutes": args.minutes, "max_step": args.max_step, "last": args.last,
+                                "runs": rows}, indent=1) + "\n")
     print(table(rows))
 
 

@@ -21,6 +21,8 @@ def test_the_end_is_the_mean_of_the_last_evaluations_inside_the_budget():
     assert out["end"] == pytest.approx(0.34) and out["start"] == 0.40
     assert out["drop"] == pytest.approx(0.15)
     assert q.eval_summary(points, minutes, budget_min=15.0, last=3)["steps"] == [50]
+    at_steps = q.eval_summary(points, minutes, budget_min=45.0, last=3, max_step=150)   # a step budget as well
+    assert at_steps["steps"] == [50, 100, 150] and at_steps["end"] == pytest.approx(0.36)
 
 
 def test_a_logged_run_reads_back_per_set_language_and_reward(tmp_path):
@@ -52,6 +54,9 @@ def test_a_logged_run_reads_back_per_set_language_and_reward(tmp_path):
     assert row["reward/keyword"] == {"first": 0.4, "last": 0.6}
     assert row["reward/total"]["first"] == pytest.approx(0.5055)   # steps 1-10
     assert row["reward/flat_groups/zh"] == {"first": 0.25, "last": 0.5} and "reward/cer/en" not in row
+    (by_step,) = [q.run_quality(client, r, budget_min=45.0, last=3, window=10, max_step=50)
+                  for r in client.search_runs([experiment])]
+    assert by_step["dev"]["steps"] == [20, 40] and by_step["reward/keyword"] == {"first": 0.4, "last": 0.4}
     table = q.table(rows)
     assert "30.0 -> 24.0% (+20.0%)" in table and "0.400 -> 0.600" in table
     assert "reward/flat_groups/zh: first -> last" in table and "0.250 -> 0.500" in table
@@ -74,5 +79,7 @@ def test_kept_runs_join_the_table_once_and_only_if_measured_the_same_way(tmp_pat
     earlier = tmp_path / "quality.json"
     earlier.write_text('{"minutes": 45.0, "last": 3, "runs": [{"run_id": "a", "seed": "0"}, {"run_id": "b"}]}')
     assert q.kept_rows(str(earlier), [{"run_id": "b", "seed": "1"}], 45.0, 3) == [{"run_id": "a", "seed": "0"}]
-    with pytest.raises(SystemExit, match="--minutes 45.0 --last 3, not 21.0 and 3"):
+    with pytest.raises(SystemExit, match="--minutes 45.0 --last 3 --max-step None, not 21.0, 3 and None"):
         q.kept_rows(str(earlier), [], 21.0, 3)
+    with pytest.raises(SystemExit, match="not 45.0, 3 and 650"):   # read at other steps
+        q.kept_rows(str(earlier), [], 45.0, 3, max_step=650)
