@@ -42,6 +42,9 @@ WORKLOADS = {
     # as it holds the serial batch (64): the same memory knob for every mode.
     "default": [*BENCH_SAMPLING, "trainer.rollout_batch_size=128", "overlap.chunk_size=16",
                 "overlap.chunk_candidates=[8,16,32]"],
+    # The configuration as `make run` composes it, nothing pinned: algorithm=grpo's 32
+    # samples a prompt (8 trained), so decoding is a larger share of the step than above.
+    "recipe": [],
     # The paper's regime by its own levers: exploration-heavy sampling (temperature 1.3)
     # gives run-on transcripts up to a long max, one PPO epoch (OpenRLHF's default).
     "longtail": ["algorithm=ppo", "reward=asr_lm", "algorithm.n_samples_per_prompt=1",
