@@ -90,19 +90,14 @@ class PlainEngine:
 
 
 # ---- set-up ----------------------------------------------------------------------------------
-def run_overrides(overrides: list[str]) -> list[str]:
-    """The serial step of the overlap benchmark's sampling, then the caller's overrides."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from overlap_speedup import BENCH_SAMPLING
-
-    return ["overlap=none", *BENCH_SAMPLING, *overrides]
-
-
 def compose(overrides: list[str]):
-    full = run_overrides(overrides)   # puts bench/ on the path
-    from overlap_speedup import compose_run
+    """The serial step with the overlap benchmark's sampling, then the caller's overrides:
+    the full override list and the config it composes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from overlap_speedup import BENCH_SAMPLING, compose_run
 
-    return compose_run(full)
+    full = ["overlap=none", *BENCH_SAMPLING, *overrides]
+    return full, compose_run(full)
 
 
 def check_supported(cfg) -> None:
@@ -288,10 +283,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for `python -m asr_grpo.run`")
     args = ap.parse_intermixed_args(argv)   # overrides before or after the options
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    cfg = compose(args.overrides)
+    overrides, cfg = compose(args.overrides)
     load_before = os.getloadavg()
     result = {"command": " ".join(["python", "bench/bare_loop.py", *(argv if argv is not None else sys.argv[1:])]),
-              "overrides": run_overrides(args.overrides),
+              "overrides": overrides,
               **run_bare_loop(cfg, args.steps, args.warmup, args.threads)}
     # Other processes on these cores inflate the times: the 1-min load average says how much.
     result["load_average_1min"] = {"before": load_before[0], "after": os.getloadavg()[0]}

@@ -7,7 +7,7 @@ from .advantages import (
     reinforce_baseline_advantages,
     rloo_advantages,
 )
-from .downsample import downsample_groups, max_variance_subset
+from .downsample import downsample_groups, max_variance_subset, trained_per_group
 from .kl import KL_ESTIMATORS, MAX_LOG_RATIO, kl_penalty, token_level_rewards
 from .losses import (
     LOSS_AGG_MODES,
@@ -29,6 +29,6 @@ __all__ = [
     "entropy_from_logits", "explained_variance", "gae_advantages",
     "group_norm_advantages", "kl_penalty", "logprobs_from_logits", "masked_mean",
     "masked_var", "masked_whiten", "max_variance_subset", "policy_loss", "reinforce_baseline_advantages",
-    "rloo_advantages", "token_level_rewards", "truncated_importance_weights",
+    "rloo_advantages", "token_level_rewards", "trained_per_group", "truncated_importance_weights",
     "value_loss",
 ]

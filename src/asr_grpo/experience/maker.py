@@ -16,7 +16,7 @@ from typing import Sequence
 import ray
 import torch
 
-from asr_grpo.algorithms import downsample_groups
+from asr_grpo.algorithms import downsample_groups, trained_per_group
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.experience.advantages import estimate_advantages
 from asr_grpo.experience.types import ExperienceItem, PromptGroup, SequenceRef, check_finite
@@ -39,10 +39,8 @@ def split_even(items: Sequence, parts: int) -> list[list]:
 
 
 def samples_trained_per_prompt(algo) -> int:
-    """How many samples of each prompt group an update trains on: at most
-    `train_samples_per_prompt` of the `n_samples_per_prompt` sampled."""
-    n = algo.n_samples_per_prompt
-    return min(algo.train_samples_per_prompt or n, n)
+    """How many samples of each prompt group an update trains on."""
+    return trained_per_group(algo.n_samples_per_prompt, algo.train_samples_per_prompt)
 
 
 def experience_items(algo, seqs: list[SequenceResult], refs: list[SequenceRef], old, ref, values,

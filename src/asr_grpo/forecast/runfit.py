@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asr_grpo.algorithms import trained_per_group
 from asr_grpo.overlap.cost_model import fit_round_costs, nonneg_least_squares
 
 SERIES = {"decode_s": "perf/time/rollout_decode", "rounds": "overlap/decode_rounds", "rows": "overlap/rows_decoded",
@@ -145,9 +146,9 @@ def trained_per_prompt(facts: RunFacts) -> int | None:
     """The run's `algorithm.train_samples_per_prompt` where it trained fewer than it sampled
     (None: all samples train)."""
     value = facts.config.get("algorithm.train_samples_per_prompt")
-    if value in (None, "None", "null", ""):
-        return None
-    return int(value) if int(value) < facts.get("algorithm.n_samples_per_prompt", 8) else None
+    n = facts.get("algorithm.n_samples_per_prompt", 8)
+    m = trained_per_group(n, None if value in (None, "None", "null", "") else int(value))
+    return m if m < n else None
 
 
 def fit(facts: RunFacts, round_fixed_share: float = 0.12, prompt_tokens: int = 64) -> Fit:

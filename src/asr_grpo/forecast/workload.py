@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from asr_grpo.algorithms import trained_per_group
 from asr_grpo.experience.types import PromptGroup
 
 GroupLengths = Callable[[random.Random, int], list[int]]   # (rng, n) -> natural lengths of n samples
@@ -89,7 +90,7 @@ class Workload:
     def train_share(self) -> float:
         """The share of a group's samples that is scored after the rollout and trained: the
         rewards of all n choose them first (`algorithm.train_samples_per_prompt`)."""
-        return min(self.train_samples or self.n, self.n) / self.n
+        return trained_per_group(self.n, self.train_samples) / self.n
 
     def _group(self, group_uid: str) -> tuple[list[int], int]:
         got = self._cache.get(group_uid)
