@@ -128,3 +128,21 @@ def test_rl_split_leaves_the_other_splits_unchanged(built, tmp_path):
     same = {k: v for k, v in _digest(with_rl.root).items() if not k.startswith(after)}
     assert same == {k: v for k, v in _digest(without.root).items() if not k.startswith(after)}
     assert [r["id"] for r in _rows(with_rl.rl)] == [f"rl-{i:05d}" for i in range(4)]
+
+
+def test_a_larger_rl_split_adds_prompts_and_moves_nothing(tmp_path, monkeypatch):
+    """rl utterances past RL_MAIN_STREAM come after the held-out split, from a stream of
+    their own: every file of the smaller corpus, held-out voices included, is unchanged
+    and its rl split is a prefix of the larger one's."""
+    monkeypatch.setattr(corpus_module, "RL_MAIN_STREAM", 2)
+    small = build_corpus(TINY, tmp_path / "small")
+    large = build_corpus(dataclasses.replace(TINY, num_rl=9), tmp_path / "large")
+    small_files, large_files = _digest(small.root), _digest(large.root)
+    grown = {"rl.jsonl", "corpus.json"}
+    assert {k: v for k, v in small_files.items() if k not in grown} == \
+        {k: v for k, v in large_files.items() if k in small_files and k not in grown}
+    small_rl, large_rl = _rows(small.rl), _rows(large.rl)
+    assert large_rl[:len(small_rl)] == small_rl
+    assert [r["id"] for r in large_rl] == [f"rl-{i:05d}" for i in range(9)]
+    texts = [r["text"] for split in ALL_SPLITS for r in _rows(large.root / f"{split}.jsonl")]
+    assert len(set(texts)) == len(texts)   # the added prompts are sentences no split has

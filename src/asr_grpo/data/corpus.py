@@ -47,6 +47,10 @@ SPLITS = ("train", "dev", "test", "rl")
 # split above from its own random stream, so turning it on or off leaves them
 # byte-identical; written only when on.
 HELDOUT_SPLIT = "heldout_voices"
+# rl utterances drawn on the main stream, before the held-out split. The rest of a larger
+# rl split follows the held-out split on a stream of its own ([seed, 3]): growing the rl
+# split adds prompts and leaves every other split, the held-out one included, byte-identical.
+RL_MAIN_STREAM = 2000
 METADATA_FILE = "corpus.json"
 
 # The trained speakers: every accent with every variant (45, the plain voice included).
@@ -306,6 +310,12 @@ def _plan_heldout(cfg: CorpusConfig, used: set[str]) -> list[_UtteranceSpec]:
             for index in range(cfg.num_heldout_voices)]
 
 
+def _plan_rl(rng: np.random.Generator, indices: range, cfg: CorpusConfig, used: set[str],
+             longform: frozenset[int]) -> list[_UtteranceSpec]:
+    return [_plan_longform(rng, index, cfg, used) if index in longform
+            else _plan_utterance(rng, "rl", index, cfg, used, TRAINED_SPEAKERS) for index in indices]
+
+
 def _plan(cfg: CorpusConfig) -> list[_UtteranceSpec]:
     """Draw every utterance's text and voice settings; texts never repeat across splits."""
     _check_longform(cfg)
@@ -314,14 +324,13 @@ def _plan(cfg: CorpusConfig) -> list[_UtteranceSpec]:
     used: set[str] = set()
     specs: list[_UtteranceSpec] = []
     longform = _longform_indices(cfg)
-    for split, count in zip(SPLITS, (cfg.num_train, cfg.num_dev, cfg.num_test, cfg.num_rl)):
-        for index in range(count):
-            if split == "rl" and index in longform:
-                specs.append(_plan_longform(rng, index, cfg, used))
-            else:
-                specs.append(_plan_utterance(rng, split, index, cfg, used, TRAINED_SPEAKERS))
-    # Last, so the specs above (and the synthesis chunks that hold them) never move.
-    return specs + _plan_heldout(cfg, used)
+    for split, count in zip(SPLITS[:3], (cfg.num_train, cfg.num_dev, cfg.num_test)):
+        specs += [_plan_utterance(rng, split, index, cfg, used, TRAINED_SPEAKERS) for index in range(count)]
+    specs += _plan_rl(rng, range(min(cfg.num_rl, RL_MAIN_STREAM)), cfg, used, longform)
+    # After the splits above, so they (and the synthesis chunks that hold them) never move.
+    specs += _plan_heldout(cfg, used)
+    more_rl = range(RL_MAIN_STREAM, cfg.num_rl)
+    return specs + _plan_rl(np.random.default_rng([cfg.seed, 3]), more_rl, cfg, used, longform)
 
 
 def _add_noise(audio: np.ndarray, snr_db: float, seed: int) -> np.ndarray:
