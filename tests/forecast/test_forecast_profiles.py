@@ -173,3 +173,19 @@ def test_profile_run_draws_the_runs_own_trained_groups(tmp_path, forecast_cfg):
     capped = [min(x, 64) for x in long]
     assert {tuple(g) for g in groups} == {tuple(short), tuple(capped)}
     assert sum(g == capped for g in groups) / len(groups) == pytest.approx(1 / 8, abs=0.04)
+
+
+def test_a_run_that_logged_no_setting_is_read_with_the_shipped_recipe():
+    """Older runs lack some params: they read as the shipped config (conf/), not as a
+    number written into the forecast."""
+    from asr_grpo.config.store import CONF_DIR
+    from asr_grpo.forecast.runfit import RunFacts, trained_per_prompt
+
+    shipped = OmegaConf.load(f"{CONF_DIR}/algorithm/grpo.yaml")
+    bare = RunFacts("no params", {}, [], {})
+    assert bare.get("algorithm.n_samples_per_prompt", int) == shipped.n_samples_per_prompt
+    assert trained_per_prompt(bare) == shipped.train_samples_per_prompt < shipped.n_samples_per_prompt
+    assert bare.get("algorithm.recompute_old_logprobs", bool) is shipped.recompute_old_logprobs
+    logged = RunFacts("logged", {"algorithm.n_samples_per_prompt": "4", "algorithm.train_samples_per_prompt": "None"},
+                      [], {})
+    assert (logged.get("algorithm.n_samples_per_prompt", int), trained_per_prompt(logged)) == (4, None)

@@ -198,13 +198,13 @@ def run_profile(cfg, facts: RunFacts, round_costs: dict | None = None) -> tuple[
         f.rebuild_s = round_costs.get("rebuild_s", 0.0)
         f.notes.append(f"decode round costs given: {1e3 * f.round_fixed_s:.3f} ms + {1e3 * f.round_per_row_s:.4f} "
                        f"ms/row, rebuild {1e3 * f.rebuild_s:.1f} ms/step ({round_costs.get('source', 'given')})")
-    B, n = facts.get("trainer.prompts_per_step", 8), facts.get("algorithm.n_samples_per_prompt", 8)
-    max_new = facts.get("algorithm.max_new_tokens", 96)
-    use_critic = facts.get("algorithm.name", "grpo") == "ppo" or facts.get("algorithm.use_critic", False)
-    use_lm = facts.get("reward.smoothness_scorer", "rule") == "lm"
-    recompute = facts.get("algorithm.recompute_old_logprobs", True)
+    B, n = facts.get("trainer.prompts_per_step", int), facts.get("algorithm.n_samples_per_prompt", int)
+    max_new = facts.get("algorithm.max_new_tokens", int)
+    use_critic = facts.get("algorithm.name") == "ppo" or facts.get("algorithm.use_critic", bool)
+    use_lm = facts.get("reward.smoothness_scorer") == "lm"
+    recompute = facts.get("algorithm.recompute_old_logprobs", bool)
     gpu = facts.gpu if src.device == "auto" else src.device == "gpu"
-    colocate = facts.get("placement.colocate", True)
+    colocate = facts.get("placement.colocate", bool)
     roles_here = ["actor", "ref"] + (["critic"] if use_critic else []) + (["reward_model"] if use_lm else [])
     weights = {r: SCORING_WEIGHTS[r] for r in roles_here if r != "actor" or recompute}
     device = "gpu" if gpu else "cpu"

@@ -14,6 +14,7 @@ means and length quantiles, no per-step series) gives one such step.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -44,11 +45,19 @@ class RunFacts:
     notes: list[str] = field(default_factory=list)
     groups: list[list[int]] = field(default_factory=list)   # trained groups' response lengths (the run's own)
 
-    def get(self, key: str, default):
-        value = self.config.get(key, default)
-        if isinstance(default, bool):
-            return str(value).lower() == "true"
-        return type(default)(value)
+    def raw(self, key: str):
+        """The run's setting `key` as logged; a run that did not log it (an older one) gets
+        the shipped default, what `python -m asr_grpo.run` composes without overrides."""
+        return self.config[key] if key in self.config else shipped_defaults()[key]
+
+    def get(self, key: str, kind: type = str):
+        value = self.raw(key)
+        return str(value).lower() == "true" if kind is bool else kind(value)
+
+    def get_optional_int(self, key: str) -> int | None:
+        """An integer setting whose null means "no limit" (logged as None)."""
+        value = self.raw(key)
+        return None if value in (None, "None", "null", "") else int(value)
 
 
 def from_mlflow(run_id: str, tracking_uri: str, skip_steps: int = 1) -> RunFacts:
@@ -104,6 +113,11 @@ def from_summary(path: str, workload: str = "", overrides: list[str] | None = No
                     ["decode rounds per step taken as the mean longest response (a serial step decodes to it)"])
 
 
+@functools.cache
+def shipped_defaults() -> dict:
+    return compose_run_config([])
+
+
 def compose_run_config(overrides: list[str]) -> dict:
     """The run config a benchmark composed from its overrides, flattened like MLflow params."""
     from hydra import compose, initialize_config_dir
@@ -145,9 +159,8 @@ class Fit:
 def trained_per_prompt(facts: RunFacts) -> int | None:
     """The run's `algorithm.train_samples_per_prompt` where it trained fewer than it sampled
     (None: all samples train)."""
-    value = facts.config.get("algorithm.train_samples_per_prompt")
-    n = facts.get("algorithm.n_samples_per_prompt", 8)
-    m = trained_per_group(n, None if value in (None, "None", "null", "") else int(value))
+    n = facts.get("algorithm.n_samples_per_prompt", int)
+    m = trained_per_group(n, facts.get_optional_int("algorithm.train_samples_per_prompt"))
     return m if m < n else None
 
 
@@ -159,7 +172,7 @@ def fit(facts: RunFacts, round_fixed_share: float = 0.12, prompt_tokens: int = 6
     steps, notes = facts.steps, []
     col = lambda k: [s[k] for s in steps]  # noqa: E731
     decode, rounds, rows = col("decode_s"), col("rounds"), col("rows")
-    groups, n = facts.get("trainer.prompts_per_step", 8), facts.get("algorithm.n_samples_per_prompt", 8)
+    groups, n = facts.get("trainer.prompts_per_step", int), facts.get("algorithm.n_samples_per_prompt", int)
     share = (trained_per_prompt(facts) or n) / n   # down-sampling: only the kept samples score and train
     scored = [share * w + groups * prompt_tokens for w in rows]
     trained = [share * (w + groups * n * prompt_tokens) for w in rows]
