@@ -101,7 +101,8 @@ def test_plan_is_deterministic_and_leaves_the_other_splits_alone():
 
 def test_off_keeps_the_hash_and_config_of_corpora_built_before_the_split():
     fields = {f.name: getattr(OFF, f.name) for f in dataclasses.fields(CorpusConfig)
-              if f.name not in ("workers", "num_heldout_voices", *corpus_module._LONGFORM_FIELDS)}
+              if f.name not in ("workers", "num_heldout_voices", "rl_extra_variants",
+                                *corpus_module._LONGFORM_FIELDS)}
     key = {"config": fields, "generator_version": GENERATOR_VERSION,
            "espeakng_loader": importlib.metadata.version("espeakng-loader")}
     legacy = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

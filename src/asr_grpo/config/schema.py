@@ -65,6 +65,10 @@ class CorpusConfig:
     # from its own random stream, so they never change; 0 (off) leaves the corpus and
     # its hash exactly as before this key existed.
     num_heldout_voices: int = 200
+    # The rl split's voices also include eSpeak variants neither train nor the held-out
+    # split uses (RL prompts in voices SFT never heard); false leaves the corpus and its
+    # hash exactly as before this key existed.
+    rl_extra_variants: bool = False
     zh_fraction: float = 0.4          # share of Mandarin utterances
     long_fraction: float = 0.06       # share of long-form (8-15 s) utterances
     # Share of the rl split that is long-form dictation (several sentences of one

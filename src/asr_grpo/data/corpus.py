@@ -115,6 +115,15 @@ class _Speakers:
 
 TRAINED_SPEAKERS = _Speakers(VOICES, (RATE_WPM,), (PITCH,))
 HELDOUT_SPEAKERS = _Speakers(HELDOUT_VOICES, HELDOUT_RATE_WPM, HELDOUT_PITCH)
+# `rl_extra_variants`: the rl split also hears these voice variants, which neither SFT
+# (train) nor the held-out split uses, in the trained accents, rates and pitches. eSpeak's
+# human-sounding variants only: those that whisper, echo, breathe or voice under 60% are left out.
+RL_EXTRA_VARIANTS = [
+    "Andrea", "AnxiousAndy", "Gene", "Gene2", "Jacky", "Mario", "Mike", "Nguyen", "Storm",
+    "Tweaky", "antonio", "boris", "edward2", "iven2", "iven3", "iven4", "kaukovalta", "marcelo",
+    "mike2", "pedro", "steph2", "steph3"]
+RL_EXTRA_SPEAKERS = _Speakers(_voices(TRAINED_ACCENTS, TRAINED_VARIANTS + RL_EXTRA_VARIANTS),
+                              (RATE_WPM,), (PITCH,))
 
 
 @dataclass(frozen=True)
@@ -167,6 +176,8 @@ def _data_fields(cfg: Any) -> dict[str, Any]:
             del fields[name]
     if not fields["num_heldout_voices"]:   # likewise for the held-out-voice split
         del fields["num_heldout_voices"]
+    if not fields["rl_extra_variants"]:    # and for the rl split's extra voices
+        del fields["rl_extra_variants"]
     return fields
 
 
@@ -267,18 +278,18 @@ def _nearest_count(sentences: list[templates.Sentence], target_s: float, rate: i
 
 
 def _plan_longform(rng: np.random.Generator, index: int, cfg: CorpusConfig,
-                   used: set[str]) -> _UtteranceSpec:
+                   used: set[str], speakers: _Speakers) -> _UtteranceSpec:
     """A dictation of one language: sentences (each new to the corpus, so SFT never saw
     them) joined up to a duration drawn uniformly in [longform_min_s, longform_max_s]."""
     language = "zh" if rng.random() < cfg.zh_fraction else "en"
-    rate = _draw_in(rng, TRAINED_SPEAKERS.rates)
+    rate = _draw_in(rng, speakers.rates)
     target = float(rng.uniform(cfg.longform_min_s, cfg.longform_max_s))
     pool = [_fresh_sentence(rng, language, used)]
     while templates.estimate_duration_s(templates.join_sentences(pool), rate) < target:
         pool.append(_fresh_sentence(rng, language, used))
     count = _nearest_count(pool, target, rate)
     pool += [_fresh_sentence(rng, language, used) for _ in range(LONGFORM_SPARES)]
-    return _spec(rng, "rl", index, templates.join_sentences(pool[:count]), rate, cfg,
+    return _spec(rng, "rl", index, templates.join_sentences(pool[:count]), rate, cfg, speakers,
                  longform=tuple(pool), longform_count=count,
                  duration_range=(float(cfg.longform_min_s), float(cfg.longform_max_s)))
 
@@ -312,8 +323,10 @@ def _plan_heldout(cfg: CorpusConfig, used: set[str]) -> list[_UtteranceSpec]:
 
 def _plan_rl(rng: np.random.Generator, indices: range, cfg: CorpusConfig, used: set[str],
              longform: frozenset[int]) -> list[_UtteranceSpec]:
-    return [_plan_longform(rng, index, cfg, used) if index in longform
-            else _plan_utterance(rng, "rl", index, cfg, used, TRAINED_SPEAKERS) for index in indices]
+    # One voice draw an utterance either way, so the extra variants change rl's voices only.
+    speakers = RL_EXTRA_SPEAKERS if cfg.rl_extra_variants else TRAINED_SPEAKERS
+    return [_plan_longform(rng, index, cfg, used, speakers) if index in longform
+            else _plan_utterance(rng, "rl", index, cfg, used, speakers) for index in indices]
 
 
 def _plan(cfg: CorpusConfig) -> list[_UtteranceSpec]:
