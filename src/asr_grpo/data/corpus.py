@@ -241,7 +241,7 @@ def _draw_in(rng: np.random.Generator, ranges: tuple[tuple[int, int], ...]) -> i
 
 
 def _spec(rng: np.random.Generator, split: str, index: int, sentence: templates.Sentence,
-          rate: int, cfg: CorpusConfig, speakers: _Speakers = TRAINED_SPEAKERS,
+          rate: int, cfg: CorpusConfig, speakers: _Speakers,
           **longform: Any) -> _UtteranceSpec:
     """The utterance's voice, pitch and noise, drawn after its text."""
     utt_id = f"{split}-{index:05d}"
