@@ -96,7 +96,13 @@ LONG_DURATION_S = (8.5, 14.0)  # target of long-form utterances (estimate; real 
 # count, so the synthesis worker can lengthen one whose real duration fell short.
 LONGFORM_SPARES = 4
 LONGFORM_MIN_SPAN_S = 5.0     # narrower [min, max] may fit no whole number of sentences
-_LONGFORM_FIELDS = ("longform_fraction", "longform_min_s", "longform_max_s")
+# Options added after corpora were first built, each with the keys it owns: while the gate
+# is off (falsy) they stay out of the hash, so older corpora and their SFT checkpoints hold.
+_GATED_FIELDS = {
+    "longform_fraction": ("longform_fraction", "longform_min_s", "longform_max_s"),
+    "num_heldout_voices": ("num_heldout_voices",),
+    "rl_extra_variants": ("rl_extra_variants",),
+}
 PEAK = 0.9
 # Utterances per synthesis task. Each task runs in a fresh process (eSpeak keeps state
 # between calls), so output depends on this constant but not on the worker count.
@@ -166,19 +172,13 @@ class _UtteranceSpec:
 def _data_fields(cfg: Any) -> dict[str, Any]:
     """Config fields that change the generated data: all but `workers`.
 
-    Works for the dataclass and for an OmegaConf node of the same schema. With long-form
-    off its keys are left out: the hash (and corpus.json) stay those of corpora built
-    before the keys existed, so their cache and the SFT checkpoints trained on them hold."""
+    Works for the dataclass and for an OmegaConf node of the same schema. An option of
+    `_GATED_FIELDS` that is off leaves its keys out: the hash (and corpus.json) stay those of
+    corpora built before the keys existed, so their cache and SFT checkpoints hold."""
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(CorpusConfig)
               if f.name != "workers"}
-    if not fields["longform_fraction"]:
-        for name in _LONGFORM_FIELDS:
-            del fields[name]
-    if not fields["num_heldout_voices"]:   # likewise for the held-out-voice split
-        del fields["num_heldout_voices"]
-    if not fields["rl_extra_variants"]:    # and for the rl split's extra voices
-        del fields["rl_extra_variants"]
-    return fields
+    off = [keys for gate, keys in _GATED_FIELDS.items() if not fields[gate]]
+    return {k: v for k, v in fields.items() if not any(k in keys for keys in off)}
 
 
 def corpus_hash(cfg: CorpusConfig) -> str:
