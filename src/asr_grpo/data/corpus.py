@@ -177,8 +177,8 @@ def _data_fields(cfg: Any) -> dict[str, Any]:
     corpora built before the keys existed, so their cache and SFT checkpoints hold."""
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(CorpusConfig)
               if f.name != "workers"}
-    off = [keys for gate, keys in _GATED_FIELDS.items() if not fields[gate]]
-    return {k: v for k, v in fields.items() if not any(k in keys for keys in off)}
+    left_out = {key for gate, keys in _GATED_FIELDS.items() if not fields[gate] for key in keys}
+    return {k: v for k, v in fields.items() if k not in left_out}
 
 
 def corpus_hash(cfg: CorpusConfig) -> str:
