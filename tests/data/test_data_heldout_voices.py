@@ -101,7 +101,7 @@ def test_plan_is_deterministic_and_leaves_the_other_splits_alone():
 
 def test_off_keeps_the_hash_and_config_of_corpora_built_before_the_split():
     fields = {f.name: getattr(OFF, f.name) for f in dataclasses.fields(CorpusConfig)
-              if f.name not in ("workers", "num_heldout_voices", "rl_extra_variants",
+              if f.name not in ("workers", "num_heldout_voices", "rl_extra_variants", "train_extra_variants",
                                 "longform_fraction", "longform_min_s", "longform_max_s")}
     key = {"config": fields, "generator_version": GENERATOR_VERSION,
            "espeakng_loader": importlib.metadata.version("espeakng-loader")}

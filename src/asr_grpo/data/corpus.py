@@ -102,6 +102,7 @@ _GATED_FIELDS = {
     "longform_fraction": ("longform_fraction", "longform_min_s", "longform_max_s"),
     "num_heldout_voices": ("num_heldout_voices",),
     "rl_extra_variants": ("rl_extra_variants",),
+    "train_extra_variants": ("train_extra_variants",),
 }
 PEAK = 0.9
 # Utterances per synthesis task. Each task runs in a fresh process (eSpeak keeps state
@@ -121,15 +122,16 @@ class _Speakers:
 
 TRAINED_SPEAKERS = _Speakers(VOICES, (RATE_WPM,), (PITCH,))
 HELDOUT_SPEAKERS = _Speakers(HELDOUT_VOICES, HELDOUT_RATE_WPM, HELDOUT_PITCH)
-# `rl_extra_variants`: the rl split also hears these voice variants, which neither SFT
-# (train) nor the held-out split uses, in the trained accents, rates and pitches. eSpeak's
-# human-sounding variants only: those that whisper, echo, breathe or voice under 60% are left out.
-RL_EXTRA_VARIANTS = [
+# `rl_extra_variants` / `train_extra_variants`: the rl / train split also hears these voice
+# variants, which the held-out split never uses, in the trained accents, rates and pitches.
+# eSpeak's human-sounding variants only: those that whisper, echo, breathe or voice under 60%
+# are left out.
+EXTRA_VARIANTS = [
     "Andrea", "AnxiousAndy", "Gene", "Gene2", "Jacky", "Mario", "Mike", "Nguyen", "Storm",
     "Tweaky", "antonio", "boris", "edward2", "iven2", "iven3", "iven4", "kaukovalta", "marcelo",
     "mike2", "pedro", "steph2", "steph3"]
-RL_EXTRA_SPEAKERS = _Speakers(_voices(TRAINED_ACCENTS, TRAINED_VARIANTS + RL_EXTRA_VARIANTS),
-                              (RATE_WPM,), (PITCH,))
+EXTRA_SPEAKERS = _Speakers(_voices(TRAINED_ACCENTS, TRAINED_VARIANTS + EXTRA_VARIANTS),
+                           (RATE_WPM,), (PITCH,))
 
 
 @dataclass(frozen=True)
@@ -324,7 +326,7 @@ def _plan_heldout(cfg: CorpusConfig, used: set[str]) -> list[_UtteranceSpec]:
 def _plan_rl(rng: np.random.Generator, indices: range, cfg: CorpusConfig, used: set[str],
              longform: frozenset[int]) -> list[_UtteranceSpec]:
     # One voice draw an utterance either way, so the extra variants change rl's voices only.
-    speakers = RL_EXTRA_SPEAKERS if cfg.rl_extra_variants else TRAINED_SPEAKERS
+    speakers = EXTRA_SPEAKERS if cfg.rl_extra_variants else TRAINED_SPEAKERS
     return [_plan_longform(rng, index, cfg, used, speakers) if index in longform
             else _plan_utterance(rng, "rl", index, cfg, used, speakers) for index in indices]
 
@@ -338,7 +340,9 @@ def _plan(cfg: CorpusConfig) -> list[_UtteranceSpec]:
     specs: list[_UtteranceSpec] = []
     longform = _longform_indices(cfg)
     for split, count in zip(SPLITS[:3], (cfg.num_train, cfg.num_dev, cfg.num_test)):
-        specs += [_plan_utterance(rng, split, index, cfg, used, TRAINED_SPEAKERS) for index in range(count)]
+        # dev and test keep the trained speakers: their CER stays comparable either way.
+        speakers = EXTRA_SPEAKERS if split == "train" and cfg.train_extra_variants else TRAINED_SPEAKERS
+        specs += [_plan_utterance(rng, split, index, cfg, used, speakers) for index in range(count)]
     specs += _plan_rl(rng, range(min(cfg.num_rl, RL_MAIN_STREAM)), cfg, used, longform)
     # After the splits above, so they (and the synthesis chunks that hold them) never move.
     specs += _plan_heldout(cfg, used)
