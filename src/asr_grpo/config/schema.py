@@ -65,9 +65,9 @@ class CorpusConfig:
     # from its own random stream, so they never change; 0 (off) leaves the corpus and
     # its hash exactly as before this key existed.
     num_heldout_voices: int = 200
-    # The rl split's voices also include eSpeak variants neither train nor the held-out
-    # split uses (RL prompts in voices SFT never heard); false leaves the corpus and its
-    # hash exactly as before this key existed.
+    # The rl split's voices also include eSpeak variants the held-out split never uses, and
+    # train only with `train_extra_variants` (RL prompts in voices SFT never heard); false
+    # leaves the corpus and its hash exactly as before this key existed.
     rl_extra_variants: bool = False
     # The same variants in the train split (SFT hears more speakers; dev and test keep the
     # trained ones); false leaves the corpus and its hash exactly as before this key existed.

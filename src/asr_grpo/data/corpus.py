@@ -132,6 +132,16 @@ EXTRA_VARIANTS = [
     "mike2", "pedro", "steph2", "steph3"]
 EXTRA_SPEAKERS = _Speakers(_voices(TRAINED_ACCENTS, TRAINED_VARIANTS + EXTRA_VARIANTS),
                            (RATE_WPM,), (PITCH,))
+# The splits that can hear EXTRA_VARIANTS, each with the config key that turns them on;
+# dev and test keep the trained speakers, so their CER stays comparable either way.
+_EXTRA_VARIANT_GATES = {"train": "train_extra_variants", "rl": "rl_extra_variants"}
+
+
+def _split_speakers(split: str, cfg: CorpusConfig) -> _Speakers:
+    """A trained split's speakers. One voice draw an utterance either way, so the extra
+    variants change that split's voices only."""
+    gate = _EXTRA_VARIANT_GATES.get(split)
+    return EXTRA_SPEAKERS if gate and getattr(cfg, gate) else TRAINED_SPEAKERS
 
 
 @dataclass(frozen=True)
@@ -325,8 +335,7 @@ def _plan_heldout(cfg: CorpusConfig, used: set[str]) -> list[_UtteranceSpec]:
 
 def _plan_rl(rng: np.random.Generator, indices: range, cfg: CorpusConfig, used: set[str],
              longform: frozenset[int]) -> list[_UtteranceSpec]:
-    # One voice draw an utterance either way, so the extra variants change rl's voices only.
-    speakers = EXTRA_SPEAKERS if cfg.rl_extra_variants else TRAINED_SPEAKERS
+    speakers = _split_speakers("rl", cfg)
     return [_plan_longform(rng, index, cfg, used, speakers) if index in longform
             else _plan_utterance(rng, "rl", index, cfg, used, speakers) for index in indices]
 
@@ -340,8 +349,7 @@ def _plan(cfg: CorpusConfig) -> list[_UtteranceSpec]:
     specs: list[_UtteranceSpec] = []
     longform = _longform_indices(cfg)
     for split, count in zip(SPLITS[:3], (cfg.num_train, cfg.num_dev, cfg.num_test)):
-        # dev and test keep the trained speakers: their CER stays comparable either way.
-        speakers = EXTRA_SPEAKERS if split == "train" and cfg.train_extra_variants else TRAINED_SPEAKERS
+        speakers = _split_speakers(split, cfg)
         specs += [_plan_utterance(rng, split, index, cfg, used, speakers) for index in range(count)]
     specs += _plan_rl(rng, range(min(cfg.num_rl, RL_MAIN_STREAM)), cfg, used, longform)
     # After the splits above, so they (and the synthesis chunks that hold them) never move.
