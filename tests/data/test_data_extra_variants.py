@@ -10,9 +10,11 @@ from asr_grpo.data import corpus as corpus_module
 from asr_grpo.data.corpus import EXTRA_VARIANTS, HELDOUT_SPLIT, corpus_hash
 from asr_grpo.data.espeak import EspeakSynthesizer
 
-# Enough rl and train utterances that the extra variants show up; planned only.
+# Enough rl and train utterances that the extra variants show up; planned only. Both gates off
+# (train's is on by default).
 OFF = CorpusConfig(seed=5, num_train=300, num_dev=40, num_test=40, num_rl=300, num_heldout_voices=60,
-                   longform_fraction=0.05, longform_min_s=10.0, longform_max_s=20.0)
+                   longform_fraction=0.05, longform_min_s=10.0, longform_max_s=20.0,
+                   rl_extra_variants=False, train_extra_variants=False)
 GATES = {"rl": "rl_extra_variants", "train": "train_extra_variants"}
 
 

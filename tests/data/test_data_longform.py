@@ -20,9 +20,10 @@ from asr_grpo.data.templates import join_sentences
 from asr_grpo.models import encode_requests
 from asr_grpo.models.sequences import FEATURE_CHUNK, encode_prompt, pack_sequences, response_logprobs
 
-# The held-out-voice split off: the corpus as it was before that split (and long-form) existed.
+# The held-out-voice split and train's extra voice variants off: the corpus as it was before
+# they (and long-form) existed.
 BASE = CorpusConfig(seed=0, num_train=8, num_dev=3, num_test=3, num_rl=6, num_heldout_voices=0,
-                    long_fraction=0.15, workers=2)
+                    long_fraction=0.15, workers=2, train_extra_variants=False)
 # Every long-form utterance is over the default data.max_duration_s (30 s).
 ON = dataclasses.replace(BASE, longform_fraction=0.5, longform_min_s=31.0, longform_max_s=40.0)
 # The config fields that existed before long-form: with it off, the hash covers exactly these.
@@ -32,7 +33,7 @@ LEGACY_FIELDS = ["seed", "num_train", "num_dev", "num_test", "num_rl", "zh_fract
 # Generator 1 (the code before long-form existed, 14 voices) gave 6262e8c3...; generator 2
 # changed only the voice lists, so the same draws with its 270 voices give this one.
 PLAN_CFG = CorpusConfig(seed=0, num_train=12, num_dev=4, num_test=4, num_rl=40, num_heldout_voices=0,
-                        long_fraction=0.15)
+                        long_fraction=0.15, train_extra_variants=False)
 PLAN_FIELDS = ["id", "split", "audio", "text", "speech", "language", "keywords", "voice", "rate_wpm",
                "pitch", "snr_db", "noise_seed"]
 LEGACY_PLAN_DIGEST = "ba42e9b8596d07b6ecdfce5215ea75777fe0a7481f9c0d66e1a7bba0938280e2"

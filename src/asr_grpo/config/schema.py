@@ -66,8 +66,8 @@ class CorpusConfig:
     # its hash exactly as before this key existed.
     num_heldout_voices: int = 200
     # The rl split's voices also include eSpeak variants the held-out split never uses, and
-    # train only with `train_extra_variants` (RL prompts in voices SFT never heard); false
-    # leaves the corpus and its hash exactly as before this key existed.
+    # train only with `train_extra_variants` (with that false: RL prompts in voices SFT
+    # never heard); false leaves the corpus and its hash exactly as before this key existed.
     rl_extra_variants: bool = False
     # The same variants in the train split (SFT hears 67 variants an accent instead of 45;
     # dev, test and the held-out split are unchanged). On by default: same steps, dev and
