@@ -23,6 +23,8 @@ from mlflow.tracking import MlflowClient
 from asr_grpo.tracking.runs import experiment_runs, history, mean
 
 EVAL_SETS = {"dev": "eval/cer", "heldout_voices": "eval/heldout_voices/cer"}
+# A run with trainer.ema_decay > 0 also evaluates its weight average: the same sets under ema/.
+EVAL_SETS.update({f"ema/{name}": key.replace("eval/", "eval/ema/", 1) for name, key in EVAL_SETS.items()})
 LANGUAGES = ("en", "zh")
 REWARDS = ("reward/total", "reward/cer", "reward/keyword", "reward/language", "reward/smoothness", "kl/policy_ref")
 # Per language: the CER reward, and the share of groups whose samples all scored the same
@@ -88,7 +90,8 @@ def first_last_table(names: list[str], rows: list[dict], keys: tuple[str, ...]) 
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["dev", "dev/en", "dev/zh", "heldout_voices", "heldout_voices/en", "heldout_voices/zh"]
+    cols = [f"{name}{suffix}" for name in EVAL_SETS for suffix in ("", *(f"/{lang}" for lang in LANGUAGES))
+            if any(f"{name}{suffix}" in r for r in rows)]
     names = labels(rows)
     lines = ["| run | steps (min) | " + " | ".join(f"{c} CER: start -> end (drop)" for c in cols) + " |",
              "|" + " --- |" * (len(cols) + 2)]

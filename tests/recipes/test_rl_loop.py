@@ -21,13 +21,16 @@ pytestmark = pytest.mark.slow
 
 
 def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):
-    cfg = compose_cfg(root, "trainer.steps=2", "trainer.save_every=1",
+    # With a weight average (trainer.ema_decay), which the resume must carry exactly too.
+    ema = "trainer.ema_decay=0.5"
+    cfg = compose_cfg(root, "trainer.steps=2", "trainer.save_every=1", ema,
                       f"trainer.output_dir={root}/rl_a")
     summary = run_rl(cfg)
     run_id = summary["mlflow_run_id"]
     for key in ["reward/total", "reward/cer", "reward/keyword", "reward/language", "reward/smoothness",
                 "loss/policy", "kl/loss", "policy/clip_frac", "perf/time/rollout", "perf/time/training",
-                "perf/time/scoring", "perf/time/sync", "eval/cer", "eval/heldout_voices/cer"]:
+                "perf/time/scoring", "perf/time/sync", "eval/cer", "eval/heldout_voices/cer",
+                "eval/ema/cer", "eval/ema/heldout_voices/cer", "charts/ema_decay"]:
         steps = [s for s, _ in metric_history(cfg, run_id, key)]
         assert steps and max(steps) == 2, key
     assert [s for s, _ in metric_history(cfg, run_id, "eval/cer")][0] == 0   # CER before RL
@@ -45,19 +48,28 @@ def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):
     lm = [k for k in sft_weights if "language_model.layers" in k]
     assert all(torch.equal(sft_weights[k], rl_weights[k]) for k in enc)        # frozen encoder
     assert any(not torch.equal(sft_weights[k], rl_weights[k]) for k in lm)     # the LM learned
+    # The average: warmed-up decays 1/10 then 2/11 (under 0.5), and between the SFT and RL
+    # weights, unequal to both, with the encoder (not trained) untouched.
+    assert [v for _, v in metric_history(cfg, run_id, "charts/ema_decay")] == pytest.approx([0.1, 2 / 11])
+    assert is_complete_checkpoint(latest / "hf_ema")
+    ema_weights = load_file(f"{latest}/hf_ema/model.safetensors")
+    assert all(torch.equal(sft_weights[k], ema_weights[k]) for k in enc)
+    moved = [k for k in lm if not torch.equal(sft_weights[k], rl_weights[k])]
+    assert all(not torch.equal(ema_weights[k], rl_weights[k]) for k in moved)
 
     # Resume to step 3 == an uninterrupted 3-step run, in the same MLflow run.
-    resumed = run_rl(compose_cfg(root, "trainer.steps=3", "trainer.save_every=1", "trainer.resume=true",
+    resumed = run_rl(compose_cfg(root, "trainer.steps=3", "trainer.save_every=1", "trainer.resume=true", ema,
                                  f"trainer.output_dir={root}/rl_a"))
     assert resumed["mlflow_run_id"] == run_id
     assert [s for s, _ in metric_history(cfg, run_id, "reward/total")] == [1, 2, 3]
-    straight = run_rl(compose_cfg(root, "trainer.steps=3", "trainer.save_every=3",
+    straight = run_rl(compose_cfg(root, "trainer.steps=3", "trainer.save_every=3", ema,
                                   f"trainer.output_dir={root}/rl_b"))
-    a = load_file(f"{root}/rl_a/step_000003/hf/model.safetensors")
-    b = load_file(f"{root}/rl_b/step_000003/hf/model.safetensors")
-    assert set(a) == set(b)
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+    for folder in ("hf", "hf_ema"):
+        a = load_file(f"{root}/rl_a/step_000003/{folder}/model.safetensors")
+        b = load_file(f"{root}/rl_b/step_000003/{folder}/model.safetensors")
+        assert set(a) == set(b)
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=f"{folder}: {k}")
     hist_a = dict(metric_history(cfg, run_id, "reward/total"))
     hist_b = dict(metric_history(cfg, straight["mlflow_run_id"], "reward/total"))
     assert hist_a == pytest.approx(hist_b, abs=1e-6)

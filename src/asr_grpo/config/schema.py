@@ -376,6 +376,10 @@ class TrainerConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     zero_stage: int = 1
+    # > 0: the policy also keeps an exponential moving average of its trained weights (this decay
+    # per RL step, warmed up as min(decay, (1 + t) / (10 + t))); evaluation logs it as `eval/ema/...`
+    # beside the policy's own `eval/...`, and each checkpoint writes it as `hf_ema/`. 0: off
+    ema_decay: float = 0.0
     gradient_checkpointing: bool = False   # recompute activations in backward (policy and critic)
     # torch threads per role rank. auto: follow the phase of the step (a rank computing alone takes
     # its node's cores, ranks computing side by side split them); an integer pins every phase.

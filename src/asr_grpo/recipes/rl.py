@@ -292,14 +292,19 @@ class RLRecipe:
     # ---- evaluation ---------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Greedy CER/WER on the first `trainer.eval_max_utterances` utterances of dev
-        and, under `heldout_voices/`, of the held-out-voice split when there is one."""
-        return metrics_of_sets(lambda _, dataset: self._error_rates(dataset), self.eval_sets)
+        and, under `heldout_voices/`, of the held-out-voice split when there is one; with
+        `trainer.ema_decay` the policy's weight average again, under `ema/`."""
+        out = metrics_of_sets(lambda _, dataset: self._error_rates(dataset), self.eval_sets)
+        if self.cfg.trainer.ema_decay > 0:
+            ema = metrics_of_sets(lambda _, dataset: self._error_rates(dataset, ema=True), self.eval_sets)
+            out.update({f"ema/{k}": v for k, v in ema.items()})
+        return out
 
-    def _error_rates(self, dataset: AsrDataset) -> dict[str, float]:
+    def _error_rates(self, dataset: AsrDataset, ema: bool = False) -> dict[str, float]:
         """One set's CER/WER, overall and per language, sharded over the policy ranks."""
         items = load_first(dataset, self.cfg.trainer.eval_max_utterances)
         shards = split_even(items, self.policy.world_size)
-        refs = [h.transcribe.remote([it["audio"] for it in s], [it["language"] for it in s])
+        refs = [h.transcribe.remote([it["audio"] for it in s], [it["language"] for it in s], ema)
                 for h, s in zip(self.policy.handles, shards)]
         hyps = [h for part in ray.get(refs) for h in part]
         return error_rates_by_language(hyps, [it["text"] for it in items], [it["language"] for it in items])

@@ -2,12 +2,15 @@
 when colocated, the rollout itself with the actor's own forward."""
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from asr_grpo.distributed.deepspeed_strategy import TrainingEngine, trained_precision
+from asr_grpo.distributed.ema import WeightEma
 from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_model
 from asr_grpo.evaluation import transcribe
 from asr_grpo.experience.losses import actor_loss
@@ -34,6 +37,8 @@ class PolicyRole(ModelRole, RolloutHost):
         self.pad_id = tok.pad_token_id
         self.sync: WeightSyncGroup | None = None
         self.engine = hf_engine(self.cfg, self.train_engine.module, self.pad_id)
+        decay = self.cfg.trainer.ema_decay
+        self.ema = WeightEma(self.train_engine.module, decay) if decay > 0 else None
 
     @busy
     @phase("shared")
@@ -46,29 +51,55 @@ class PolicyRole(ModelRole, RolloutHost):
     @phase("train")
     def train(self, items: list[ExperienceItem]) -> dict[str, float]:
         cfg = self.cfg
-        return run_updates(self.train_engine, items, cfg.trainer,
-                           lambda model, mb: actor_loss(model, mb, cfg.algorithm, self.pad_id))
+        metrics = run_updates(self.train_engine, items, cfg.trainer,
+                              lambda model, mb: actor_loss(model, mb, cfg.algorithm, self.pad_id))
+        if self.ema is not None:
+            metrics["charts/ema_decay"] = self.ema.update()
+        return metrics
+
+    def _weights(self, ema: bool):
+        """The averaged weights in place of the policy's (`trainer.ema_decay`), or the policy's own."""
+        if not ema:
+            return contextlib.nullcontext()
+        if self.ema is None:
+            raise ValueError("EMA weights asked for, but trainer.ema_decay=0 keeps no average")
+        return self.ema.applied()
 
     @phase("solo")
-    def transcribe(self, audios: list[np.ndarray], languages: list[str]) -> list[str]:
-        with self.train_engine.gathered() as module:
+    def transcribe(self, audios: list[np.ndarray], languages: list[str], ema: bool = False) -> list[str]:
+        """Greedy transcripts from the policy, or from its weight average when `ema`."""
+        with self._weights(ema), self.train_engine.gathered() as module:
             return transcribe(module, self.processor, audios, languages,
                               batch_size=self.cfg.trainer.rollout_batch_size,
                               max_new_tokens=self.cfg.algorithm.max_new_tokens)
 
     # ---- checkpoints ----------------------------------------------------------------
     def save(self, directory: str, tag: str, client_state: dict, hf_dir: str | None) -> None:
-        """Collective: DeepSpeed state on every rank; rank 0 also writes the HF folder."""
+        """Collective: DeepSpeed state on every rank; rank 0 also writes the HF folder (and,
+        with a weight average, `<hf_dir>_ema` beside it); every rank its part of the average."""
         state = dict(client_state, rng=rng_state())
         self.train_engine.save_checkpoint(directory, tag, client_state=state)
-        with self.train_engine.gathered() as module:
-            if self.rank == 0 and hf_dir:
-                save_hf_checkpoint(module, self.processor, hf_dir, {"stage": "rl", **client_state})
+        if self.ema is not None:
+            torch.save(self.ema.state_dict(), self._ema_file(directory, tag))
+        for ema, folder in ((False, hf_dir), (True, f"{hf_dir}_ema" if self.ema is not None else None)):
+            with self._weights(ema), self.train_engine.gathered() as module:
+                if self.rank == 0 and folder:
+                    save_hf_checkpoint(module, self.processor, folder, {"stage": "rl", "ema": ema, **client_state})
 
     def load(self, directory: str, tag: str) -> dict:
         state = self.train_engine.load_checkpoint(directory, tag)
         set_rng_state(state.pop("rng", None))
+        if self.ema is not None:
+            path = self._ema_file(directory, tag)
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: trainer.ema_decay={self.cfg.trainer.ema_decay} but the checkpoint "
+                                        "holds no weight average (it was written with trainer.ema_decay=0)")
+            self.ema.load_state_dict(torch.load(path, weights_only=True))
         return state
+
+    def _ema_file(self, directory: str, tag: str) -> Path:
+        """This rank's part of the weight average, inside DeepSpeed's tag folder."""
+        return Path(directory) / tag / f"ema_rank{self.rank:03d}.pt"
 
     # ---- weight sync to separate rollout workers -------------------------------------
     def join_weight_sync(self, master_addr: str, master_port: int, world_size: int, backend: str) -> None:
