@@ -116,6 +116,28 @@ def test_two_rank_training(stage, runs):
         assert all(n is not None and n > 0 for n in r0["norms_A"])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", STAGES)
+def test_weight_average_on_every_zero_stage(stage, runs):
+    """The average, swapped in and gathered, equals the EMA of the full weights computed
+    here step by step (under ZeRO-3 each rank averaged only its own partition); the engine's
+    own weights come back exactly; the frozen encoder is not averaged."""
+    from asr_grpo.distributed.ema import warmed_decay
+
+    for r in range(WORLD):
+        run = torch.load(runs / f"stage{stage}_rank{r}.pt")["ema"]
+        snaps = run["snapshots"]
+        assert run["trained"] == sorted(k for k in snaps[0] if not k.startswith("encoder."))
+        for name in snaps[0]:
+            expected = snaps[0][name].float()
+            if name in run["trained"]:
+                for t, weights in enumerate(snaps[1:]):
+                    expected = expected.lerp(weights[name].float(), 1 - warmed_decay(run["decay"], t))
+                assert not torch.allclose(expected, snaps[-1][name]), name   # lags the trained weights
+            torch.testing.assert_close(run["averaged"][name], expected, rtol=0, atol=1e-6, msg=name)
+            assert torch.equal(run["after"][name], snaps[-1][name]), name
+
+
 @pytest.fixture(scope="module")
 def bf16_run(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("ds_bf16")
@@ -220,7 +242,29 @@ def run_stage(rank: int, ckpt: Path, stage: int) -> dict:
     _, res["lrs_C"] = train(c, rank, range(K, K + J), MICRO)
     res["steps_C"] = c.global_steps
     res["C"] = c.full_state_dict(rank0_only=False)
+    res["ema"] = weight_average_run(rank, stage)
     return res
+
+
+def weight_average_run(rank: int, stage: int, decay: float = 0.5) -> dict:
+    """Run D: a WeightEma over the engine's parameters (ZeRO-3: each rank's partition),
+    the full weights after every optimizer step, and the average swapped in and gathered."""
+    from asr_grpo.distributed.deepspeed_strategy import TrainingEngine
+    from asr_grpo.distributed.ema import WeightEma
+
+    d = TrainingEngine(Net(), TrainerConfig(zero_stage=stage, micro_batch_size=MICRO * ACCUM, **CFG))
+    ema = WeightEma(d.module, decay)
+    snapshots = [d.full_state_dict(rank0_only=False)]
+    for step in range(3):
+        x, y = batch(rank, step)
+        d.backward(d(x, y))
+        d.step()
+        ema.update()
+        snapshots.append(d.full_state_dict(rank0_only=False))
+    with ema.applied():
+        averaged = d.full_state_dict(rank0_only=False)
+    return {"snapshots": snapshots, "averaged": averaged, "after": d.full_state_dict(rank0_only=False),
+            "trained": sorted(ema.shadow), "decay": decay}
 
 
 class Ones(torch.nn.Module):

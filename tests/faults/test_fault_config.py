@@ -32,6 +32,8 @@ COMBINATION_FAULTS = {
     "PPO without a critic": (["algorithm=ppo", "algorithm.use_critic=false"],
                              "algorithm.name=ppo needs a critic: set algorithm.use_critic=true"),
     "a wall-clock cap of zero": (["trainer.max_minutes=0"], "trainer.max_minutes=0.0: must be > 0"),
+    "a weight average that never moves": (["trainer.ema_decay=1.0"],
+                                          "trainer.ema_decay=1.0: must be in [0, 1) (0: no weight average)"),
     "one trained sample with rloo": (["algorithm.train_samples_per_prompt=1"],
                                      "algorithm.train_samples_per_prompt=1: must be >= 2 for advantage_estimator=rloo"),
 }
