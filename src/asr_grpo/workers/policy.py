@@ -81,7 +81,9 @@ class PolicyRole(ModelRole, RolloutHost):
         self.train_engine.save_checkpoint(directory, tag, client_state=state)
         if self.ema is not None:
             torch.save(self.ema.state_dict(), self._ema_file(directory, tag))
-        for ema, folder in ((False, hf_dir), (True, f"{hf_dir}_ema" if self.ema is not None else None)):
+        # Every rank enters each gather (ZeRO-3 collectives); only rank 0 writes.
+        copies = [(False, hf_dir)] + ([(True, f"{hf_dir}_ema" if hf_dir else None)] if self.ema is not None else [])
+        for ema, folder in copies:
             with self._weights(ema), self.train_engine.gathered() as module:
                 if self.rank == 0 and folder:
                     save_hf_checkpoint(module, self.processor, folder, {"stage": "rl", "ema": ema, **client_state})
