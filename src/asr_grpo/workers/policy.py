@@ -82,7 +82,9 @@ class PolicyRole(ModelRole, RolloutHost):
         if self.ema is not None:
             torch.save(self.ema.state_dict(), self._ema_file(directory, tag))
         # Every rank enters each gather (ZeRO-3 collectives); only rank 0 writes.
-        copies = [(False, hf_dir)] + ([(True, f"{hf_dir}_ema" if hf_dir else None)] if self.ema is not None else [])
+        copies = [(False, hf_dir)]
+        if self.ema is not None:
+            copies.append((True, hf_dir and f"{hf_dir}_ema"))
         for ema, folder in copies:
             with self._weights(ema), self.train_engine.gathered() as module:
                 if self.rank == 0 and folder:
