@@ -42,6 +42,21 @@ def test_the_average_follows_the_warmed_up_decay_over_trained_weights_only():
         torch.testing.assert_close(ema.shadow[name], start[name] + expected)
 
 
+def test_without_warm_up_every_update_uses_the_decay_from_the_first():
+    model = frozen_head_model()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    ema = WeightEma(model, decay=0.6, warmup=False)
+    decays = []
+    for t in range(3):
+        nudge(model, 1.0)
+        decays.append(ema.update())
+    assert decays == [0.6, 0.6, 0.6]
+    # The starting weights keep 0.6 ** 3 of the average; the nudged weights (+1, +2, +3) the rest.
+    expected = 0.4 * (0.6 ** 2 * 1 + 0.6 * 2 + 3)
+    for name in ema.shadow:
+        torch.testing.assert_close(ema.shadow[name], start[name] + expected)
+
+
 def test_applied_swaps_the_average_in_and_puts_the_weights_back_even_on_error():
     model = frozen_head_model()
     ema = WeightEma(model, decay=0.9)

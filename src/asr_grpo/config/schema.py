@@ -380,6 +380,9 @@ class TrainerConfig:
     # per RL step, warmed up as min(decay, (1 + t) / (10 + t))); evaluation logs it as `eval/ema/...`
     # beside the policy's own `eval/...`, and each checkpoint writes it as `hf_ema/`. 0: off
     ema_decay: float = 0.0
+    # false: every update uses ema_decay from the first (a longer window late in a run, the
+    # starting weights' share fading as ema_decay ** t)
+    ema_warmup: bool = True
     gradient_checkpointing: bool = False   # recompute activations in backward (policy and critic)
     # torch threads per role rank. auto: follow the phase of the step (a rank computing alone takes
     # its node's cores, ranks computing side by side split them); an integer pins every phase.

@@ -32,10 +32,13 @@ def warmed_decay(decay: float, updates: int) -> float:
 class WeightEma:
     """fp32 shadow copies of `module`'s trainable parameters, averaged after each update."""
 
-    def __init__(self, module: torch.nn.Module, decay: float):
+    def __init__(self, module: torch.nn.Module, decay: float, warmup: bool = True):
         if not 0.0 < decay < 1.0:
             raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
         self.decay = decay
+        # Without warm-up every update uses `decay`: the average starts from the initial weights
+        # and spans ~1/(1 - decay) updates from the first, where the warm-up caps it at ~t/10.
+        self.warmup = warmup
         self.updates = 0
         self.params = {name: p for name, p in module.named_parameters() if p.requires_grad}
         self.shadow = {name: local_part(p).detach().float().clone() for name, p in self.params.items()}
@@ -43,7 +46,7 @@ class WeightEma:
     @torch.no_grad()
     def update(self) -> float:
         """Fold the current weights into the average; returns the decay it used."""
-        d = warmed_decay(self.decay, self.updates)
+        d = warmed_decay(self.decay, self.updates) if self.warmup else self.decay
         for name, p in self.params.items():
             self.shadow[name].lerp_(local_part(p).float(), 1.0 - d)
         self.updates += 1

@@ -38,7 +38,7 @@ class PolicyRole(ModelRole, RolloutHost):
         self.sync: WeightSyncGroup | None = None
         self.engine = hf_engine(self.cfg, self.train_engine.module, self.pad_id)
         decay = self.cfg.trainer.ema_decay
-        self.ema = WeightEma(self.train_engine.module, decay) if decay > 0 else None
+        self.ema = WeightEma(self.train_engine.module, decay, self.cfg.trainer.ema_warmup) if decay > 0 else None
 
     @busy
     @phase("shared")
