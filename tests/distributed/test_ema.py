@@ -47,7 +47,7 @@ def test_without_warm_up_every_update_uses_the_decay_from_the_first():
     start = {k: v.clone() for k, v in model.state_dict().items()}
     ema = WeightEma(model, decay=0.6, warmup=False)
     decays = []
-    for t in range(3):
+    for _ in range(3):
         nudge(model, 1.0)
         decays.append(ema.update())
     assert decays == [0.6, 0.6, 0.6]

@@ -377,8 +377,9 @@ class TrainerConfig:
     grad_clip: float = 1.0
     zero_stage: int = 1
     # > 0: the policy also keeps an exponential moving average of its trained weights (this decay
-    # per RL step, warmed up as min(decay, (1 + t) / (10 + t))); evaluation logs it as `eval/ema/...`
-    # beside the policy's own `eval/...`, and each checkpoint writes it as `hf_ema/`. 0: off
+    # per RL step, warmed up as min(decay, (1 + t) / (10 + t)) unless ema_warmup=false); evaluation
+    # logs it as `eval/ema/...` beside the policy's own `eval/...`, and each checkpoint writes it
+    # as `hf_ema/`. 0: off
     ema_decay: float = 0.0
     # false: every update uses ema_decay from the first (a longer window late in a run, the
     # starting weights' share fading as ema_decay ** t)
