@@ -69,13 +69,19 @@ def run_quality(client: MlflowClient, run, budget_min: float, last: int, window:
     return row
 
 
+# What bench/rl_quality.sh sets on every run: a lone run's label leaves them out.
+HARNESS_OVERRIDES = ("experiment", "overlap", "placement", "logger.experiment_name")
+
+
 def labels(rows: list[dict]) -> list[str]:
     """Each run's name (Hydra's overrides, comma-separated) without the overrides every
-    run shares: what tells the runs apart ("defaults" for a run with none of its own)."""
+    run shares, or for a lone run without the harness' own: what tells the runs apart
+    ("defaults" for a run with none of its own)."""
     parts = [r["run_name"].split(",") for r in rows]
-    if len(parts) < 2:
-        return [r["run_name"] for r in rows]
-    common = set.intersection(*map(set, parts))
+    if len(parts) == 1:
+        common = {p for p in parts[0] if p.split("=", 1)[0] in HARNESS_OVERRIDES}
+    else:
+        common = set.intersection(*map(set, parts)) if parts else set()
     names = [",".join(p for p in ps if p not in common) or "defaults" for ps in parts]
     # Runs with the same overrides (a seed rerun from another checkpoint or code): their ids tell them apart.
     return [f"{n} (run {r['run_id'][:8]})" if names.count(n) > 1 else n for n, r in zip(names, rows)]
