@@ -78,10 +78,8 @@ def labels(rows: list[dict]) -> list[str]:
     run shares, or for a lone run without the harness' own: what tells the runs apart
     ("defaults" for a run with none of its own)."""
     parts = [r["run_name"].split(",") for r in rows]
-    if len(parts) == 1:
-        common = {p for p in parts[0] if p.split("=", 1)[0] in HARNESS_OVERRIDES}
-    else:
-        common = set.intersection(*map(set, parts)) if parts else set()
+    common = (set.intersection(*map(set, parts)) if len(parts) > 1
+              else {p for ps in parts for p in ps if p.split("=", 1)[0] in HARNESS_OVERRIDES})
     names = [",".join(p for p in ps if p not in common) or "defaults" for ps in parts]
     # Runs with the same overrides (a seed rerun from another checkpoint or code): their ids tell them apart.
     return [f"{n} (run {r['run_id'][:8]})" if names.count(n) > 1 else n for n, r in zip(names, rows)]
