@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The default GRPO experiment (experiment=grpo_45min: 32 samples a prompt, 8 trained, up to 44
+# The default GRPO experiment (experiment=grpo_45min: 16 samples a prompt, 8 trained, up to 44
 # minutes; held-out CER on 200 dev
 # and 200 held-out-voice utterances every 50 steps) on several seeds, one after another,
 # then the quality table from their MLflow runs: CER at step 0 and as the mean of the last

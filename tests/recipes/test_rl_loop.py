@@ -93,6 +93,22 @@ def test_wall_clock_cap_ends_the_run_evaluated_and_saved(root):
     assert ckpt.latest_checkpoint(cfg.trainer.output_dir).name == "step_000001"
 
 
+def test_an_evaluation_that_reaches_the_cap_ends_the_run_at_its_step(root, monkeypatch):
+    # The budget runs out during step 2's periodic evaluation (the first two checks, after the
+    # training of steps 1 and 2, are inside it; the one after the evaluation is not): the run
+    # ends at step 2 with that evaluation as its last, not one step later with a second one.
+    import asr_grpo.recipes.rl as rl
+
+    checks = iter([False, False])
+    monkeypatch.setattr(rl, "out_of_time", lambda max_minutes, t_start: next(checks, True))
+    cfg = compose_cfg(root, "trainer.steps=50", "trainer.max_minutes=30", "trainer.eval_every=2",
+                      "trainer.save_every=25", f"trainer.output_dir={root}/rl_cap_at_eval")
+    summary = run_rl(cfg)
+    assert summary["steps"] == 2
+    assert [s for s, _ in metric_history(cfg, summary["mlflow_run_id"], "eval/cer")] == [0, 2]
+    assert ckpt.latest_checkpoint(cfg.trainer.output_dir).name == "step_000002"
+
+
 def test_ppo_trains_its_critic(root):
     cfg = compose_cfg(root, "algorithm=ppo", "trainer.steps=1", "trainer.save_every=0",
                       f"trainer.output_dir={root}/rl_ppo")

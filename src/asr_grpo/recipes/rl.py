@@ -370,6 +370,9 @@ class RLRecipe:
                     if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or last):
                         last_eval = self.evaluate()
                         metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
+                        # An evaluation that used up the budget is the run's last: another step
+                        # would end in a second evaluation of nearly the same weights.
+                        last = last or out_of_time(cfg.trainer.max_minutes, t_start)
                     metrics["perf/wall_clock"] = time.monotonic() - t_start
                     tracker.log_metrics(metrics, step=done)
                     if cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or last):
