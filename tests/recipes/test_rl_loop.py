@@ -82,31 +82,24 @@ def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):
     assert all(len(g) == cfg.algorithm.n_samples_per_prompt and min(g) > 0 for gs in lengths_a.values() for g in gs)
 
 
-def test_wall_clock_cap_ends_the_run_evaluated_and_saved(root):
-    # A cap the first step already exceeds: the loop stops after it, with the evaluation and
-    # checkpoint of a last step although neither interval (25) is due.
-    cfg = compose_cfg(root, "trainer.steps=50", "trainer.max_minutes=0.0001", "trainer.eval_every=25",
-                      "trainer.save_every=25", f"trainer.output_dir={root}/rl_capped")
+@pytest.mark.parametrize("max_minutes, inside, steps", [("0.0001", None, 1), ("30", 2, 2)])
+def test_wall_clock_cap_ends_the_run_evaluated_and_saved(root, monkeypatch, max_minutes, inside, steps):
+    # A cap the first step already exceeds (the real clock): the loop stops after it, with the
+    # evaluation and checkpoint of a last step although neither interval is due. A cap that
+    # step 2's periodic evaluation reaches (a scripted clock: the checks after the training of
+    # steps 1 and 2 are `inside` it, the one after the evaluation is not): the run ends at step
+    # 2 with that evaluation as its last, not a step later with a second of nearly the same weights.
+    if inside is not None:
+        import asr_grpo.recipes.rl as rl
+
+        checks = iter([False] * inside)
+        monkeypatch.setattr(rl, "out_of_time", lambda max_minutes, t_start: next(checks, True))
+    cfg = compose_cfg(root, "trainer.steps=50", f"trainer.max_minutes={max_minutes}", "trainer.eval_every=2",
+                      "trainer.save_every=25", f"trainer.output_dir={root}/rl_capped_{steps}")
     summary = run_rl(cfg)
-    assert summary["steps"] == 1
-    assert [s for s, _ in metric_history(cfg, summary["mlflow_run_id"], "eval/cer")] == [0, 1]
-    assert ckpt.latest_checkpoint(cfg.trainer.output_dir).name == "step_000001"
-
-
-def test_an_evaluation_that_reaches_the_cap_ends_the_run_at_its_step(root, monkeypatch):
-    # The budget runs out during step 2's periodic evaluation (the first two checks, after the
-    # training of steps 1 and 2, are inside it; the one after the evaluation is not): the run
-    # ends at step 2 with that evaluation as its last, not one step later with a second one.
-    import asr_grpo.recipes.rl as rl
-
-    checks = iter([False, False])
-    monkeypatch.setattr(rl, "out_of_time", lambda max_minutes, t_start: next(checks, True))
-    cfg = compose_cfg(root, "trainer.steps=50", "trainer.max_minutes=30", "trainer.eval_every=2",
-                      "trainer.save_every=25", f"trainer.output_dir={root}/rl_cap_at_eval")
-    summary = run_rl(cfg)
-    assert summary["steps"] == 2
-    assert [s for s, _ in metric_history(cfg, summary["mlflow_run_id"], "eval/cer")] == [0, 2]
-    assert ckpt.latest_checkpoint(cfg.trainer.output_dir).name == "step_000002"
+    assert summary["steps"] == steps
+    assert [s for s, _ in metric_history(cfg, summary["mlflow_run_id"], "eval/cer")] == [0, steps]
+    assert ckpt.latest_checkpoint(cfg.trainer.output_dir).name == f"step_{steps:06d}"
 
 
 def test_ppo_trains_its_critic(root):
