@@ -9,6 +9,7 @@ from helpers import compose_cfg, metric_history
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
+import asr_grpo.recipes.rl as rl_recipe
 from asr_grpo.experience.sync_check import WeightSyncMismatch, check_weight_sync
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models import is_complete_checkpoint, load_model
@@ -90,10 +91,8 @@ def test_wall_clock_cap_ends_the_run_evaluated_and_saved(root, monkeypatch, max_
     # steps 1 and 2 are `inside` it, the one after the evaluation is not): the run ends at step
     # 2 with that evaluation as its last, not a step later with a second of nearly the same weights.
     if inside is not None:
-        import asr_grpo.recipes.rl as rl
-
         checks = iter([False] * inside)
-        monkeypatch.setattr(rl, "out_of_time", lambda max_minutes, t_start: next(checks, True))
+        monkeypatch.setattr(rl_recipe, "out_of_time", lambda *_: next(checks, True))
     cfg = compose_cfg(root, "trainer.steps=50", f"trainer.max_minutes={max_minutes}", "trainer.eval_every=2",
                       "trainer.save_every=25", f"trainer.output_dir={root}/rl_capped_{steps}")
     summary = run_rl(cfg)
