@@ -302,6 +302,9 @@ class OverlapConfig:
     # os.nice() of the scorer roles (reference, critic, LM reward model): where they
     # share cores with the actor, its decode (the critical path) runs first.
     scorer_nice: int = 5
+    # An MLflow run id: replay that run's recorded per-step plans (chunk, Δ) instead of
+    # planning; with the same seed and config the run repeats the original step for step.
+    replay_plan: str = ""
 
 
 @dataclass
@@ -335,6 +338,18 @@ class RolloutConfig:
 
 
 @dataclass
+class RemoteRewardConfig:
+    """A reward served over HTTP (OpenRLHF's remote reward contract); `urls` empty: off."""
+    urls: list[str] = field(default_factory=list)   # POST targets, load-balanced (least in flight)
+    batch_size: int = 32          # sequences per request
+    max_in_flight: int = 8        # requests in flight at once, over all URLs
+    timeout_s: float = 30.0       # per request (connect + answer)
+    retries: int = 5              # after the first try, on connection errors, timeouts, 408, 429, 5xx
+    backoff_s: float = 0.2        # first retry's mean wait; doubles each retry (full jitter)
+    backoff_max_s: float = 10.0   # no retry waits longer (a 429's Retry-After is honoured up to this)
+
+
+@dataclass
 class RewardConfig:
     # A Python file defining reward_func(queries, prompts, labels, **kwargs).
     # Empty: the built-in ASR reward file shipped with the package.
@@ -355,6 +370,8 @@ class RewardConfig:
     text_lm_seed: int = 0
     timeout_s: float = 30.0
     on_bad_reward: OnBadReward = OnBadReward.error
+    # The reward served over HTTP instead of reward_file (reward=remote sets urls).
+    remote: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)
 
 
 @dataclass
