@@ -123,8 +123,8 @@ def test_two_files_with_the_same_name_do_not_shadow(tmp_path):
      r"'rewards' must be a tensor or a list of numbers, got str"),
     ("def reward_func(q, p, l, **kw):\n    return {'rewards': ['1', '2', '3']}\n",
      r"'rewards' must be a tensor or a list of numbers, got list"),
-    ("def reward_func(q, p, l, **kw):\n    return [1.0, 1.0, 1.0]\n",
-     r"must return a dict with 'rewards', got list"),
+    ("def reward_func(q, p, l, **kw):\n    return None\n",
+     r"must return a dict with 'rewards', got NoneType"),
     ("def reward_func(q, p, l, **kw):\n    return {'reward': [1.0] * 3}\n",
      r"must return a dict with 'rewards', got dict with keys \['reward'\]"),
     ("def reward_func(q, p, l, **kw):\n"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from asr_grpo.config.reward_file import RewardFunctionError, load_reward_function
+
 
 class ConfigError(ValueError):
     pass
@@ -110,7 +112,23 @@ def config_problems(cfg: Any) -> list[str]:
              f"number of prompt groups")
     for group in ("sft", "trainer"):
         _check_wave_augment(cfg[group].wave_augment, f"{group}.wave_augment", need)
+    if (problem := reward_file_problem(cfg.reward)) is not None:
+        problems.append(problem)
     return problems
+
+
+def reward_file_problem(reward: Any) -> str | None:
+    """Why `reward.reward_file` cannot work (it does not load, or its reward_func's
+    signature cannot take the toolkit's call), found here rather than in a reward worker
+    after Ray and the models have started. Runs the file's top level, as the worker will.
+    A served reward (`reward.remote.urls`) does not use the file."""
+    if not reward.reward_file or reward.remote.urls:
+        return None
+    try:
+        load_reward_function(reward.reward_file)
+    except RewardFunctionError as exc:
+        return "reward.reward_file: " + " ".join(str(exc).split())   # one line, like every problem
+    return None
 
 
 def _check_wave_augment(wa: Any, key: str, need) -> None:

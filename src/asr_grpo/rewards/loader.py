@@ -1,42 +1,47 @@
 """Loading a reward file and calling it safely.
 
+Any OpenRLHF reward file works as it is: `reward_func(queries, prompts, labels)` gets
+only the keyword arguments its signature accepts (`accepted_kwargs`), and may return the
+rewards alone (tensor, list of numbers, NumPy array) or the dict (`to_reward_result`).
+
 A reward file is user code: everything that can go wrong with it (missing file,
-import error, no `reward_func`, an exception, a hang, the wrong output) becomes a
-`RewardFunctionError` naming the file, the cause and the samples, and non-finite
-rewards are either refused (naming component and samples) or masked out; no NaN
-leaves here.
+import error, no `reward_func`, a signature the call cannot fit, an exception, a hang,
+the wrong output) becomes a `RewardFunctionError` naming the file, the cause and the
+samples, and non-finite rewards are either refused (naming component and samples) or
+masked out; no NaN leaves here.
 
 With on_bad="drop" a call that raises is retried one sample at a time, so only the
 samples it fails on are dropped; a call that hangs drops its whole batch (which
 sample hangs cannot be told without waiting out every one). A broken contract (wrong
-type or length) is a bug in the file, not in a sample: it raises under both policies.
+signature, type or length) is a bug in the file, not in a sample: it raises under both
+policies.
 """
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import itertools
 import logging
-import sys
 import threading
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
+# Loading and the signature check live with the config, which validates a run's reward
+# file before Ray starts; re-exported here, where callers of the reward file look.
+from asr_grpo.config.reward_file import (  # noqa: F401 - re-exports
+    BUILTIN_REWARD_FILE,
+    TOOLKIT_KWARGS,
+    RewardFunctionError,
+    accepted_kwargs,
+    check_signature,
+    load_reward_function,
+)
 from asr_grpo.rewards.combine import RewardResult
 
 log = logging.getLogger(__name__)
 
-BUILTIN_REWARD_FILE = Path(__file__).with_name("asr_reward.py")
 ON_BAD_POLICIES = ("error", "drop")
-_module_ids = itertools.count()
 _THREAD_NAME = "reward_func"
-
-
-class RewardFunctionError(RuntimeError):
-    """A reward file could not be loaded, failed, hung or returned something unusable."""
 
 
 class RewardCallFailed(RewardFunctionError):
@@ -57,31 +62,6 @@ def describe_samples(sample_ids: Sequence | None, n: int, limit: int = 8) -> str
     ids = list(sample_ids) if sample_ids is not None else list(range(n))
     shown = ", ".join(map(str, ids[:limit])) + (", ..." if len(ids) > limit else "")
     return f"{n} sample{'s' if n != 1 else ''}: [{shown}]"
-
-
-def load_reward_function(path: str | None) -> Callable[..., Any]:
-    """Import `reward_func` from a Python file (None or "" -> the built-in ASR reward).
-
-    Each load gets a fresh, unique module name, so two files called `reward.py` (or
-    the same file reloaded after an edit) never shadow each other.
-    """
-    file = Path(path) if path else BUILTIN_REWARD_FILE
-    if not file.is_file():
-        raise RewardFunctionError(f"reward file {file}: not found")
-    name = f"asr_grpo_reward_file_{next(_module_ids)}_{file.stem}"
-    try:
-        spec = importlib.util.spec_from_file_location(name, file)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module      # dataclasses/pickle look the module up by name
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(name, None)
-        raise RewardFunctionError(
-            f"reward file {file}: import failed: {type(exc).__name__}: {exc}") from exc
-    fn = getattr(module, "reward_func", None)
-    if not callable(fn):
-        raise RewardFunctionError(f"reward file {file}: defines no callable `reward_func`")
-    return fn
 
 
 def _source_of(fn: Callable) -> str:
@@ -124,7 +104,8 @@ def _as_vector(value: Any, key: str, n: int, source: str) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         t = value.detach().to("cpu", torch.float32)
     elif isinstance(value, (list, tuple)) and all(
-            isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.numel() == 1)
+            isinstance(v, (int, float, np.integer, np.floating))
+            or (isinstance(v, torch.Tensor) and v.numel() == 1)
             for v in value):
         t = torch.tensor([float(v) for v in value], dtype=torch.float32)
     elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
@@ -140,14 +121,19 @@ def _as_vector(value: Any, key: str, n: int, source: str) -> torch.Tensor:
     return t
 
 
-def _to_result(out: Any, n: int, source: str) -> RewardResult:
-    """Type and shape checks on reward_func's output (finiteness is `sanitize`'s job)."""
+def to_reward_result(out: Any, n: int, source: str) -> RewardResult:
+    """reward_func's output for n samples as a `RewardResult`, after type and shape
+    checks (finiteness is `sanitize`'s job): a dict {"rewards", "scores"?, "extra_logs"?}
+    or, as many OpenRLHF files return, the rewards alone. `source` names the file in errors."""
+    if isinstance(out, (torch.Tensor, list, tuple, np.ndarray)):
+        out = {"rewards": out}
     if not isinstance(out, dict) or "rewards" not in out:
         got = type(out).__name__
         if isinstance(out, dict):
             got += f" with keys {sorted(map(str, out))}"
         raise RewardFunctionError(
-            f"reward file {source}: reward_func must return a dict with 'rewards', got {got}")
+            f"reward file {source}: reward_func must return a dict with 'rewards', got {got} "
+            "(or the rewards alone: a tensor, a list of numbers or a NumPy array)")
     rewards = _as_vector(out["rewards"], "rewards", n, source)
     scores = out.get("scores")
     scores = rewards.clone() if scores is None else _as_vector(scores, "scores", n, source)
@@ -205,11 +191,15 @@ def call_reward_function(fn: Callable[..., Any], *, queries: Sequence[str],
     """Call a reward function on N samples and return a validated `RewardResult`.
 
     kwargs (responses, languages, keywords, finish_reasons, weights, ...) are passed
-    through. `source` names the file in errors (default: the function's source file);
-    `sample_ids` name the samples in errors (default: their indices).
+    where fn's signature accepts them (`accepted_kwargs`): a file that takes only
+    (queries, prompts, labels) gets none. `source` names the file in errors (default:
+    the function's source file); `sample_ids` name the samples in errors (default:
+    their indices).
     """
     _check_on_bad(on_bad)     # before running user code, not after
     source = source or _source_of(fn)
+    check_signature(fn, source)   # a function not loaded from a file has not been checked
+    kwargs = accepted_kwargs(fn, kwargs)
     n = len(queries)
     lengths = {"queries": n, "prompts": len(prompts), "labels": len(labels)}
     if sample_ids is not None:
@@ -224,7 +214,7 @@ def call_reward_function(fn: Callable[..., Any], *, queries: Sequence[str],
         out = _run_with_timeout(fn, timeout_s, source, describe_samples([ids[i] for i in rows], len(rows)),
                                 [queries[i] for i in rows], [prompts[i] for i in rows],
                                 [labels[i] for i in rows], **per_sample)
-        return _to_result(out, len(rows), source)
+        return to_reward_result(out, len(rows), source)
 
     try:
         result = run(list(range(n)))
