@@ -120,6 +120,10 @@ def test_group_file_with_unknown_key_is_rejected(tmp_path):
     (["sft.wave_augment.babble_talkers=0"], "sft.wave_augment.babble_talkers=0"),
     (["sft.wave_augment.babble_snr_db_min=30"], "babble_snr_db_min=30.0 is above babble_snr_db_max=25.0"),
     (["trainer.wave_augment.babble_prob=-0.1"], "trainer.wave_augment.babble_prob=-0.1: must be in [0, 1]"),
+    (["reward=remote", "reward.remote.urls=[judge:5000]"], "'judge:5000' is not an http(s) URL"),
+    (["reward=remote", "reward.remote.max_in_flight=0"], "reward.remote.max_in_flight=0: must be >= 1"),
+    (["reward=remote", "reward.remote.backoff_s=20"], "reward.remote.backoff_s=20.0, backoff_max_s=10.0"),
+    (["reward=remote", "reward.reward_file=x.py"], "reward.reward_file and reward.remote.urls are both set"),
 ])
 def test_impossible_combinations_are_rejected_naming_the_keys(overrides, needle):
     with pytest.raises(ConfigError) as err:

@@ -114,7 +114,29 @@ def config_problems(cfg: Any) -> list[str]:
         _check_wave_augment(cfg[group].wave_augment, f"{group}.wave_augment", need)
     if (problem := reward_file_problem(cfg.reward)) is not None:
         problems.append(problem)
+    _check_remote_reward(cfg.reward, need)
     return problems
+
+
+def _check_remote_reward(reward: Any, need) -> None:
+    """reward.remote: each URL an http(s) address, and limits a client can work with."""
+    from urllib.parse import urlparse
+
+    rr = reward.remote
+    for url in rr.urls:
+        parts = urlparse(str(url))
+        need(parts.scheme in ("http", "https") and bool(parts.netloc),
+             f"reward.remote.urls: {url!r} is not an http(s) URL (e.g. http://judge:5000/score)")
+    need(rr.batch_size >= 1, f"reward.remote.batch_size={rr.batch_size}: must be >= 1")
+    need(rr.max_in_flight >= 1, f"reward.remote.max_in_flight={rr.max_in_flight}: must be >= 1")
+    need(rr.timeout_s > 0, f"reward.remote.timeout_s={rr.timeout_s}: must be > 0")
+    need(rr.retries >= 0, f"reward.remote.retries={rr.retries}: must be >= 0")
+    need(0 <= rr.backoff_s <= rr.backoff_max_s,
+         f"reward.remote.backoff_s={rr.backoff_s}, backoff_max_s={rr.backoff_max_s}: need 0 <= backoff_s <= "
+         "backoff_max_s")
+    if rr.urls and reward.reward_file:
+        need(False, "reward.reward_file and reward.remote.urls are both set: a reward is either a local file or "
+                    "a service (the service loads its own file: asr-grpo-reward-server --reward-file ...)")
 
 
 def reward_file_problem(reward: Any) -> str | None:
