@@ -2,30 +2,36 @@
 
     python bench/overlap_speedup.py                                  # every workload, 3 repeats x 33 steps
     python bench/overlap_speedup.py --workloads default --repeats 3 --steps 33 --warmup 3
-    python bench/overlap_speedup.py --from-json bench/results/overlap_speedup.json   # re-render
+    python bench/overlap_speedup.py --from-json bench/results/cpu_2core/overlap_speedup.json   # re-render
+    python bench/overlap_speedup.py --from-json X/overlap_speedup.json --write   # ... into X/overlap_speedup.md
 
 Each run is a real `run_rl` (Ray, DeepSpeed, MLflow) from the same SFT checkpoint with the
 same seed, batch, samples and max new tokens; figures are read back from the MLflow runs.
-The modes are interleaved (repeat r runs every mode, in an order rotated by r) so that
-drift of the machine falls on all modes alike; the first `--warmup` steps of every run
-are dropped. Per mode: the median step over each run's measured steps, then the median
-and the range of those over the repeats (the run-to-run spread); the mean step the same
-way (throughput: where the step's time is set by what it trains, as with long-form
-audio, the median step says little about a run's length); time to the serial
+The modes are interleaved (repeat r runs every mode, in an order drawn at random per
+repeat from `--order-seed`, recorded in the JSON) so that drift of the machine falls on
+all modes alike and no mode always follows the same one; the first `--warmup` steps of
+every run are dropped. Per mode: the median step over each run's measured steps, then
+the median and the range of those over the repeats (the run-to-run spread); the mean
+step the same way (throughput: where the step's time is set by what it trains, as with
+long-form audio, the median step says little about a run's length); time to the serial
 run's final reward, rows decoded, decode rounds, carried unfinished groups, rescored
-(wasted) sequences, and the cost-model planner's choices and predictions. Writes
-`<out>/overlap_speedup.json` and `.md`.
+(wasted) sequences, and the cost-model planner's choices and predictions. Every speedup
+carries its 95% bootstrap interval and verdict (asr_grpo.tracking.speedup_ci): steps and
+repeats resampled, paired by repeat where the mode planned every step serial (the same
+work as `none`). Writes `<out>/overlap_speedup.json` and `.md`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from asr_grpo.tracking.runs import history, smoothed, summarize, time_to
+from asr_grpo.tracking.speedup_ci import format_speedup, run_speedup_ci, speedup_ci
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("none", "intra", "inter", "oppo")
@@ -121,9 +127,12 @@ def mode_row(runs: list[dict], serial_target: float, serial_ttt: float, serial_s
     return {
         "median_step_s": mid, "step_spread_s": [min(per_run), max(per_run)], "per_run_median_step_s": per_run,
         "step_speedup": serial_step / mid,
-        "mean_step_s": median(means), "mean_spread_s": [min(means), max(means)],
+        "mean_step_s": median(means), "mean_spread_s": [min(means), max(means)], "per_run_mean_step_s": means,
         "mean_speedup": serial_mean / median(means),
         "time_to_target_s": median(ttt), "ttt_speedup": serial_ttt / median(ttt) if median(ttt) > 0 else float("nan"),
+        "per_run_time_to_target_s": ttt,
+        # Per run (repeat order), the measured steps: what the speedups' intervals resample.
+        "per_run_step_s": [r["series"]["perf/time/step"] for r in runs],
         "efficiency": ideal / mid,
         "rows_decoded": pick("overlap/rows_decoded"), "decode_rounds": pick("overlap/decode_rounds"),
         # A mean: most steps carry none, so a median hides the steps that do.
@@ -143,7 +152,52 @@ def mode_row(runs: list[dict], serial_target: float, serial_ttt: float, serial_s
     }
 
 
-def report(workload: str, overrides: list[str], runs: dict[str, list[dict]], window: int) -> dict:
+def same_work(row: dict) -> bool:
+    """The mode planned every measured step serial (chunk 0, Δ 0): with the benchmark's one
+    seed its runs do the work of `none`'s, step for step, so repeat r of both is a pair."""
+    return bool(row["chunks"]) and bool(row["deltas"]) and not any(row["chunks"]) and not any(row["deltas"])
+
+
+def _per_run_means(row: dict, repeats: int) -> tuple[list[float] | None, bool]:
+    """Each run's mean step and whether in repeat order. JSONs from before
+    `per_run_mean_step_s` hold the median and range of the means: with 3 repeats or fewer
+    these are every run's mean, in an order lost (so resampled unpaired)."""
+    if "per_run_mean_step_s" in row:
+        return row["per_run_mean_step_s"], True
+    if repeats > 3:
+        return None, False
+    lo, hi = row["mean_spread_s"]
+    return ([lo, row["mean_step_s"], hi] if repeats == 3 else [lo, hi][:repeats]), False
+
+
+def add_intervals(result: dict) -> dict:
+    """Sets `step_speedup_ci`, `mean_speedup_ci`, `ttt_speedup_ci` (SpeedupCI fields, None
+    for `none`) on every mode of a report from what it holds: per-step series (the
+    two-level bootstrap), else per-run figures (runs only); no interval for time to target
+    without each run's time. Measured figures are left as they are."""
+    serial = result["modes"]["none"]
+    for mode, m in result["modes"].items():
+        if mode == "none":
+            m.update(step_speedup_ci=None, mean_speedup_ci=None, ttt_speedup_ci=None)
+            continue
+        paired = same_work(m)
+        if "per_run_step_s" in m and "per_run_step_s" in serial:
+            step = speedup_ci(serial["per_run_step_s"], m["per_run_step_s"], paired=paired)
+            mean = speedup_ci(serial["per_run_step_s"], m["per_run_step_s"], paired=paired, statistic="mean")
+        else:
+            step = run_speedup_ci(serial["per_run_median_step_s"], m["per_run_median_step_s"], paired=paired)
+            (base, base_ordered), (means, ordered) = (_per_run_means(r, result["repeats"]) for r in (serial, m))
+            mean = (run_speedup_ci(base, means, paired=paired and base_ordered and ordered)
+                    if base and means else None)
+        ttt = (run_speedup_ci(serial["per_run_time_to_target_s"], m["per_run_time_to_target_s"], paired=paired)
+               if "per_run_time_to_target_s" in m and "per_run_time_to_target_s" in serial else None)
+        m.update({k: ci.to_dict() if ci else None
+                  for k, ci in (("step_speedup_ci", step), ("mean_speedup_ci", mean), ("ttt_speedup_ci", ttt))})
+    return result
+
+
+def report(workload: str, overrides: list[str], runs: dict[str, list[dict]], window: int, *,
+           order_seed: int | None = None, orders: list[list[str]] | None = None) -> dict:
     serial = runs["none"]
     serial_step = median([median(r["series"]["perf/time/step"]) for r in serial])
     serial_mean = median([mean_step(r) for r in serial])
@@ -157,10 +211,35 @@ def report(workload: str, overrides: list[str], runs: dict[str, list[dict]], win
     split["other"] = max(0.0, 1.0 - sum(split.values()))
     lengths = [x for r in serial for x in r["series"]["charts/response_length"]]
     longest = [x for r in serial for x in r["series"]["charts/response_length_max"]]
-    return {"workload": workload, "overrides": overrides, "repeats": len(serial),
-            "measured_steps": len(serial[0]["series"]["perf/time/step"]), "serial_phase_split": split,
-            "target_reward": target, "ideal_step_s": ideal,
-            "response_length": {"mean": median(lengths), "max": median(longest)}, "modes": rows}
+    return add_intervals({"workload": workload, "overrides": overrides, "repeats": len(serial),
+                          "measured_steps": len(serial[0]["series"]["perf/time/step"]), "serial_phase_split": split,
+                          "target_reward": target, "ideal_step_s": ideal, "order_seed": order_seed,
+                          "orders": orders, "response_length": {"mean": median(lengths), "max": median(longest)},
+                          "modes": rows})
+
+
+def _speedup(mode: str, m: dict, key: str) -> str:
+    return f"{m[key]:.2f}x" if mode == "none" else format_speedup(m.get(f"{key}_ci"), m[key])
+
+
+def _interval_note(r: dict) -> str:
+    modes = [m for k, m in r["modes"].items() if k != "none"]
+    paired = [k for k, m in r["modes"].items() if k != "none" and same_work(m)]
+    note = ("Speedups: `none`'s median over repeats / the mode's (of each run's median step; of its mean step; of its "
+            "time to target), with the 95% bootstrap interval [low, high] over repeats and steps; 'no difference': "
+            "the interval holds 1.00x. Paired by repeat (the same work as `none`, every step planned serial): "
+            f"{', '.join(f'`{k}`' for k in paired) or 'no mode'}"
+            f"{'; the other modes unpaired' if len(paired) < len(modes) else ''}.")
+    if not all("per_run_step_s" in m for m in modes):
+        note += (" This JSON holds each run's median step, not its steps: the step speedup's interval resamples "
+                 "the runs only")
+        note += ("; of the mean steps only their median and range (with 3 repeats or fewer, every run's mean, "
+                 "in an order lost: resampled unpaired)" if not all("per_run_mean_step_s" in m for m in modes)
+                 else "")
+        note += "."
+    if not all("per_run_time_to_target_s" in m for m in modes):
+        note += " Time to target: the median over repeats only, no interval."
+    return note
 
 
 def markdown(results: list[dict]) -> str:
@@ -173,7 +252,7 @@ def markdown(results: list[dict]) -> str:
                 f"Serial phase split: {split}. Response length (tokens, median over steps): mean "
                 f"{r['response_length']['mean']:.0f}, longest {r['response_length']['max']:.0f}. Ideal step (no tail, "
                 f"scoring hidden): {r['ideal_step_s']:.2f} s. Target reward (98% of the serial final): "
-                f"{r['target_reward']:.3f}.", "",
+                f"{r['target_reward']:.3f}.", "", _interval_note(r), "",
                 "| mode | median step (s) [run range] | step speedup | mean step (s) [run range] | speedup "
                 "| time to target | speedup | efficiency "
                 "| rows decoded / step | decode rounds / step | carried unfinished groups / step (mean) "
@@ -186,9 +265,10 @@ def markdown(results: list[dict]) -> str:
                     if m["predicted_step_s"] is not None else "-")
             used = f"{'/'.join(str(int(c)) for c in m['chunks'])} / {'/'.join(str(int(d)) for d in m['deltas'])}"
             mlo, mhi = m["mean_spread_s"]
-            out.append(f"| {mode} | {m['median_step_s']:.2f} [{lo:.2f}-{hi:.2f}] | {m['step_speedup']:.2f}x | "
-                       f"{m['mean_step_s']:.2f} [{mlo:.2f}-{mhi:.2f}] | {m['mean_speedup']:.2f}x | "
-                       f"{m['time_to_target_s']:.0f} s | {m['ttt_speedup']:.2f}x | {m['efficiency']:.2f} | "
+            out.append(f"| {mode} | {m['median_step_s']:.2f} [{lo:.2f}-{hi:.2f}] | "
+                       f"{_speedup(mode, m, 'step_speedup')} | {m['mean_step_s']:.2f} [{mlo:.2f}-{mhi:.2f}] | "
+                       f"{_speedup(mode, m, 'mean_speedup')} | "
+                       f"{m['time_to_target_s']:.0f} s | {_speedup(mode, m, 'ttt_speedup')} | {m['efficiency']:.2f} | "
                        f"{m['rows_decoded']:.0f} | {m['decode_rounds']:.0f} | {m['carried_unfinished_groups']:.1f} | "
                        f"{m['rescored_sequences']:.0f} | {used} | {pred} | "
                        f"{m['cer_before']:.3f} -> {m['cer_after']:.3f} |")
@@ -209,11 +289,35 @@ def rebuild(path: Path, args) -> None:
     client = mlflow.tracking.MlflowClient(absolute_tracking_uri(f"sqlite:///{args.output_root}/mlflow.db"))
     results = [report(old["workload"], old["overrides"],
                       {mode: [load_run(client, rid, args.window, args.warmup) for rid in row["run_ids"]]
-                       for mode, row in old["modes"].items()}, args.window)
+                       for mode, row in old["modes"].items()}, args.window,
+                      order_seed=old.get("order_seed"), orders=old.get("orders"))
                for old in json.loads(path.read_text())]
     path.write_text(json.dumps(results, indent=1))
     path.with_suffix(".md").write_text(markdown(results))
     print(markdown(results))
+
+
+def from_json(path: Path, write: bool) -> str:
+    """The markdown of an earlier run's JSON, the speedups' intervals computed from what it
+    holds; `write`: into `<path>.md`, the interval fields added to the JSON (its measured
+    figures unchanged)."""
+    results = json.loads(path.read_text())
+    old = [r.get("workload", "?") for r in results if "repeats" not in r]
+    if old:   # one run a mode and another table: rendered by the script of its commit
+        sys.exit(f"{path}: workloads {', '.join(old)} predate interleaved repeats; not rendered by this version")
+    text = markdown([add_intervals(r) for r in results])
+    if write:
+        path.write_text(json.dumps(results, indent=1))
+        path.with_suffix(".md").write_text(text)
+    return text
+
+
+def mode_orders(modes: list[str], repeats: int, seed: int) -> list[list[str]]:
+    """The order of the modes in each repeat, drawn at random (seeded): a mode neither
+    always runs first nor always follows the same mode, so drift and warm caches fall on
+    all modes alike."""
+    rng = random.Random(seed)
+    return [rng.sample(list(modes), len(modes)) for _ in range(repeats)]
 
 
 def main() -> None:
@@ -223,16 +327,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=33, help="steps per run, warm-up included")
     ap.add_argument("--warmup", type=int, default=3, help="first steps of every run left out")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--order-seed", type=int, default=0, help="seeds the random mode order of every repeat")
     ap.add_argument("--window", type=int, default=3, help="steps in the reward smoothing window")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--output-root", default=str(REPO / "outputs"),
                     help="paths.output_root: where the corpus, SFT checkpoint and MLflow store live")
     ap.add_argument("--from-json", help="re-render the report from an earlier run's JSON (no training)")
+    ap.add_argument("--write", action="store_true",
+                    help="with --from-json: write the .md beside the JSON and add the interval fields to it")
     ap.add_argument("--rebuild", help="recompute an earlier run's JSON from its MLflow runs (no training)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
     if args.from_json:
-        print(markdown(json.loads(Path(args.from_json).read_text())))
+        print(from_json(Path(args.from_json), args.write))
         return
     if args.rebuild:
         rebuild(Path(args.rebuild), args)
@@ -251,8 +358,8 @@ def main() -> None:
     results = []
     for workload in args.workloads:
         runs: dict[str, list[dict]] = {m: [] for m in args.modes}
-        for rep in range(args.repeats):
-            order = args.modes[rep % len(args.modes):] + args.modes[:rep % len(args.modes)]
+        orders = mode_orders(args.modes, args.repeats, args.order_seed)
+        for rep, order in enumerate(orders):
             for mode in order:
                 # Value overrides apply after the group files, so the workload's overlap.*
                 # knobs hold whichever overlap mode is selected.
@@ -267,7 +374,8 @@ def main() -> None:
                 run = load_run(client, summary["mlflow_run_id"], args.window, args.warmup)
                 runs[mode].append(run)
                 print(f"   median step {median(run['series']['perf/time/step']):.2f} s", flush=True)
-        results.append(report(workload, WORKLOADS[workload] + list(args.overrides), runs, args.window))
+        results.append(report(workload, WORKLOADS[workload] + list(args.overrides), runs, args.window,
+                              order_seed=args.order_seed, orders=orders))
         (out / "overlap_speedup.json").write_text(json.dumps(results, indent=1))
         (out / "overlap_speedup.md").write_text(markdown(results))
     print(markdown(results))

@@ -6,7 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from asr_grpo.tracking.report import METRICS, best_run, finite
+from asr_grpo.tracking.report import METRICS, SPEEDUPS, best_run, finite
+from asr_grpo.tracking.speedup_ci import SpeedupCI, format_speedup
 
 
 def _cell(agg: dict, fmt: str) -> str:
@@ -18,6 +19,16 @@ def _cell(agg: dict, fmt: str) -> str:
     if agg["n_finite"] < agg["n"]:
         text += f" ({agg['n_finite']}/{agg['n']}" + (", others never)" if agg["never"] else ")")
     return text
+
+
+def _speedup_cell(row: dict, key: str, fmt: str) -> str:
+    """A speedup with its interval; a row with intervals but none for this speedup shows
+    the mean ± sd over seeds and says it has none; the baseline row has no intervals."""
+    ivs = row.get("intervals") or {}
+    if ivs.get(key):
+        return format_speedup(ivs[key])
+    cell = _cell(row["metrics"][key], fmt)
+    return cell + " (no interval)" if key in ivs and cell != "-" else cell
 
 
 def markdown(report: dict) -> str:
@@ -38,13 +49,18 @@ def markdown(report: dict) -> str:
            f"same seed and placement; the baseline itself shows 1.00x. Times are wall-clock seconds from the first "
            f"RL step. Reward target: {reward_target}, reward smoothed over {report['window']} steps. CER target: "
            f"{cer_target} (held-out CER is measured every `trainer.eval_every` steps; 0 s = already met before "
-           f"RL). Cells: mean ± sd over seeds; (k/n): only k of the n seeds reached the target. util: busy / "
+           f"RL). Cells: mean ± sd over seeds; (k/n): only k of the n seeds reached the target. Speedups: the "
+           f"baseline's median over seeds / this configuration's (of each run's median step, or its time to the "
+           f"target), with its 95% bootstrap interval [low, high] over seeds and steps, each seed paired with its "
+           f"baseline; 'no difference': the interval holds 1.00x; 'runs only, n=k': only the k seeds' figures were "
+           f"resampled. util: busy / "
            f"wall time per role; stale samples: sequences trained on with tokens of an older policy.", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in report["rows"]:
         m = row["metrics"]
         cells = [row["label"], str(len(row["seeds"]))]
-        cells += [_cell(m[k], fmt) if k in m else "-" for k, _, fmt in shown]
+        cells += [("-" if k not in m else _speedup_cell(row, k, fmt) if k in SPEEDUPS else _cell(m[k], fmt))
+                  for k, _, fmt in shown]
         if roles:
             cells.append(" / ".join(_cell(m[f"util_{r}"], "{:.2f}") if f"util_{r}" in m else "-" for r in roles))
         out.append("| " + " | ".join(cells) + " |")
@@ -57,6 +73,10 @@ def markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+# A speedup interval's fields, `<speedup>_ci_<field>` columns of report.csv.
+CI_FIELDS = tuple(f for f in SpeedupCI.__dataclass_fields__ if f != "level")
+
+
 def _csv_value(x: Any) -> Any:
     return "" if isinstance(x, float) and math.isnan(x) else x
 
@@ -66,15 +86,19 @@ def write_csvs(report: dict, out_dir: Path) -> list[Path]:
     `runs.csv`: a row per run."""
     keys = report["label_keys"]
     names = sorted({k for row in report["rows"] for k in row["metrics"]})
+    ci_names = sorted({k for row in report["rows"] for k in row.get("intervals") or {}})
     rows_path, runs_path = out_dir / "report.csv", out_dir / "runs.csv"
     with open(rows_path, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["configuration", *keys, "runs", "seeds", *(f"{n}_{s}" for n in names for s in ("mean", "sd"))])
+        w.writerow(["configuration", *keys, "runs", "seeds", *(f"{n}_{s}" for n in names for s in ("mean", "sd")),
+                    *(f"{n}_ci_{f}" for n in ci_names for f in CI_FIELDS)])
         for row in report["rows"]:
+            ivs = row.get("intervals") or {}
             w.writerow([row["label"], *(row["params"].get(k) for k in keys), len(row["run_ids"]),
                         " ".join(row["seeds"]),
                         *(_csv_value(row["metrics"][n][s]) if n in row["metrics"] else "" for n in names
-                          for s in ("mean", "sd"))])
+                          for s in ("mean", "sd")),
+                        *(_csv_value(ivs[n][f]) if ivs.get(n) else "" for n in ci_names for f in CI_FIELDS)])
     run_names = sorted({k for r in report["runs"] for k in r["metrics"]})
     with open(runs_path, "w", newline="") as fh:
         w = csv.writer(fh)

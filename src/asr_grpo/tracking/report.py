@@ -18,6 +18,7 @@ from typing import Optional
 from asr_grpo.config.schema import OverlapMode
 from asr_grpo.tracking.runs import RunNotComparable, smoothed, summarize, time_to, time_to_cer
 from asr_grpo.tracking.selection import Selection, SelectionError
+from asr_grpo.tracking.speedup_ci import run_speedup_ci, speedup_ci
 
 MODE_ORDER = {m.value: i for i, m in enumerate(OverlapMode)}
 ROLE_ORDER = ("actor", "ref", "critic", "reward_model", "reward", "rollout")
@@ -41,6 +42,10 @@ METRICS = (
     ("cpu_pct", "CPU %", "{:.0f}"),
     ("gpu_pct", "GPU %", "{:.0f}"),
 )
+
+
+# The METRICS that are speedups against the baseline: each gets a bootstrap interval.
+SPEEDUPS = ("step_speedup", "reward_speedup", "cer_speedup")
 
 
 def label_keys(param_sets: list[dict[str, str]]) -> list[str]:
@@ -112,6 +117,30 @@ def aggregate(values: list[float]) -> dict:
             "n": len(values), "n_finite": len(reached), "never": sum(1 for v in values if v == float("inf"))}
 
 
+def intervals(members: list[dict], by_id: dict[str, dict], window: int) -> dict:
+    """95% bootstrap intervals of a configuration's speedups over its seeds (see
+    tracking.speedup_ci), each run paired with its same-seed baseline: step times resample
+    the seed pairs and, within a pair, step i of both runs together (same seed, same
+    prompts at step i; where an overlapped step holds other groups the pairing only
+    weakens to the unpaired width); times to target are one figure a run, so only the
+    seed pairs are resampled. Empty for the baseline configuration itself and where a run
+    has no baseline; None for a speedup with no finite time on some run (a target never
+    reached, or met before RL)."""
+    bases = [by_id.get(r["baseline_run_id"]) for r in members]
+    if any(b is None for b in bases) or all(b is r for b, r in zip(bases, members)):
+        return {}
+    pairs = list(zip(bases, members))
+    return {
+        "step_speedup": speedup_ci([b["summary"]["step_s"] for b, _ in pairs],
+                                   [r["summary"]["step_s"] for _, r in pairs], paired=True),
+        "reward_speedup": run_speedup_ci(
+            [time_to(r["metrics"]["target_reward"], b["summary"], window) for b, r in pairs],
+            [r["metrics"]["time_to_reward_s"] for _, r in pairs], paired=True),
+        "cer_speedup": run_speedup_ci([time_to_cer(r["metrics"]["target_cer"], b["summary"]) for b, r in pairs],
+                                      [r["metrics"]["time_to_cer_s"] for _, r in pairs], paired=True),
+    }
+
+
 def _sort_key(params: dict[str, str], keys: list[str]) -> tuple:
     return (params.get("placement.name", ""), MODE_ORDER.get(params.get("overlap.mode", ""), 9),
             *(str(params.get(k, "")) for k in keys[2:]))
@@ -157,10 +186,12 @@ def build_report(client, selection: Selection, *, window: int = 3, target_frac: 
                                            "seeds": [], "run_ids": []})
         row["seeds"].append(r["seed"])
         row["run_ids"].append(r["run_id"])
+    by_id = {r["run_id"]: r for r in records}
     for row in rows.values():
         members = [r for r in records if r["label"] == row["label"]]
         names = sorted({k for r in members for k in r["metrics"]})
         row["metrics"] = {k: aggregate([r["metrics"].get(k, float("nan")) for r in members]) for k in names}
+        row["intervals"] = {k: ci.to_dict() if ci else None for k, ci in intervals(members, by_id, window).items()}
     roles = sorted({k[len("util_"):] for r in records for k in r["metrics"] if k.startswith("util_")},
                    key=lambda x: ROLE_ORDER.index(x) if x in ROLE_ORDER else 99)
     return {"selection": selection.description, "slug": selection.slug, "parent_run_id": selection.parent_run_id,
