@@ -210,7 +210,7 @@ def call_reward_function(fn: Callable[..., Any], *, queries: Sequence[str],
 
     def run(rows: list[int]) -> RewardResult:
         # Positional, as in OpenRLHF's contract: a file may name the three parameters freely.
-        per_sample = {k: [v[i] for i in rows] if _is_per_sample(v, n) else v for k, v in kwargs.items()}
+        per_sample = {k: [v[i] for i in rows] if is_per_sample(v, n) else v for k, v in kwargs.items()}
         out = _run_with_timeout(fn, timeout_s, source, describe_samples([ids[i] for i in rows], len(rows)),
                                 [queries[i] for i in rows], [prompts[i] for i in rows],
                                 [labels[i] for i in rows], **per_sample)
@@ -226,7 +226,8 @@ def call_reward_function(fn: Callable[..., Any], *, queries: Sequence[str],
     return sanitize(result, on_bad, sample_ids=sample_ids, source=source)
 
 
-def _is_per_sample(value: Any, n: int) -> bool:
+def is_per_sample(value: Any, n: int) -> bool:
+    """A batch field with one value per sample (split with the batch), not one for all (weights)."""
     return isinstance(value, (list, tuple)) and len(value) == n
 
 

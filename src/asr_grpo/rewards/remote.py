@@ -29,12 +29,13 @@ from typing import Any, Mapping, Sequence
 import aiohttp
 
 from asr_grpo.rewards.combine import RewardResult
-from asr_grpo.rewards.loader import RewardFunctionError, describe_samples, sanitize
-
-try:  # TEMP until the loader's public name lands
-    from asr_grpo.rewards.loader import to_reward_result
-except ImportError:
-    from asr_grpo.rewards.loader import _to_result as to_reward_result
+from asr_grpo.rewards.loader import (
+    RewardFunctionError,
+    describe_samples,
+    is_per_sample,
+    sanitize,
+    to_reward_result,
+)
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ class RemoteRewardClient:
         (per-sample lists, or one value for the whole batch such as `weights`)."""
         n = len(batch["queries"])
         ids = list(batch.get("sample_ids") or range(n))
-        per_sample = {k: v for k, v in batch.items() if isinstance(v, (list, tuple)) and len(v) == n}
+        per_sample = {k: v for k, v in batch.items() if is_per_sample(v, n)}
         shared = {k: v for k, v in batch.items() if k not in per_sample}
         starts = list(range(0, n, self.batch_size))
 
