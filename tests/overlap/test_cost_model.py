@@ -7,7 +7,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from asr_grpo.config.schema import OverlapConfig
-from asr_grpo.overlap.cost_model import CostFitter, CostProfile, best_plan, predict, simulate_buffer
+from asr_grpo.overlap.cost_model import (
+    CostFitter,
+    CostProfile,
+    best_plan,
+    predict,
+    remote_wait,
+    service_drain,
+    simulate_buffer,
+)
 from asr_grpo.overlap.planners import CostModelPlanner, StepObservation, StepPlan, make_planner
 
 # Long-tailed groups of 4 samples: most finish in 4-8 tokens, one in six runs to 60.
@@ -168,3 +176,47 @@ def test_carried_groups_rebuild_their_prompts_every_step_they_wait():
     assert best_plan(costs, TAILED, B=8, chunks=[None], deltas=range(5), prompts=prompts)[0].delta == 0
     serial = simulate_buffer(TAILED, B=8, delta=0, wait_all=True, prompts=prompts)
     assert serial.carried_tokens == 0   # nothing waits between serial steps
+
+
+# ---- a reward served by another machine ------------------------------------------------
+
+def test_service_drain_by_hand():
+    # Two slots, 1 s a sequence, 0.2 s round trip: four at once finish in two waves.
+    assert service_drain([0, 0, 0, 0], 1.0, slots=2, latency_s=0.2) == pytest.approx(2.2)
+    # A sequence that arrives after the slots are free starts at once.
+    assert service_drain([0, 5], 1.0) == pytest.approx(6.0)
+    assert service_drain([], 1.0) == 0.0
+
+
+def test_remote_wait_serial_is_every_sequence_after_the_decode():
+    costs = CostProfile(round_fixed_s=0.01, remote_per_seq_s=0.05)
+    shape = simulate_buffer([(3, 5)], B=2, delta=0, wait_all=True)
+    assert remote_wait(costs, shape, None) == pytest.approx(4 * 0.05)
+    # Chunk 3: the two 3-token samples go after round 3, while rounds 4-5 decode.
+    assert remote_wait(costs, shape, 3) == pytest.approx(max(0.0, 0.03 + 4 * 0.05 - 0.05))
+    assert remote_wait(CostProfile(round_fixed_s=0.01), shape, 3) == 0.0   # no service: nothing
+
+
+def test_planner_streams_to_hide_a_slow_service_and_stays_serial_without_one():
+    costs = cpu_like()
+    costs.round_fixed_s, costs.round_per_row_s = 0.015, 0.0015   # a decode ~ half the step, as in the recipe
+    plain, _ = best_plan(costs, TAILED, B=8, chunks=[8, 16, 32], deltas=[0])
+    assert plain.chunk is None
+    costs.remote_per_seq_s = 0.03    # ~1 s of service for 32 sequences: as long as the decode
+    slow, table = best_plan(costs, TAILED, B=8, chunks=[8, 16, 32], deltas=[0])
+    assert slow.chunk is not None
+    assert table[f"{slow.chunk}/0"] < 0.9 * table["0/0"]
+    # Where the decode is a sliver of the step there is little to hide it under: serial.
+    short = cpu_like()
+    short.remote_per_seq_s = 0.01
+    assert best_plan(short, TAILED, B=8, chunks=[8, 16, 32], deltas=[0])[0].chunk is None
+
+
+def test_fitter_learns_the_service_apart_from_local_scoring():
+    fitter = CostFitter(decay=0.0)
+    fitter.observe_step(streamed=False, decode_s=1.0, scoring_s=1.5, training_s=1.0, fixed_s=0.2, samples=100,
+                        trained_tokens=1000, remote_wait_s=1.2, remote_sequences=100)
+    profile = fitter.profile()
+    assert profile.remote_per_seq_s == pytest.approx(0.012)
+    assert profile.score_per_token_s == pytest.approx(0.3 / 1000)
+

@@ -17,6 +17,11 @@ The step, as the model sees it:
               is hidden (0 where scorers and actor share the same cores), and adds
               `call` seconds per streaming call
     training = t · trained samples;  fixed = sync and everything else
+    remote  = the wait on a reward service (another machine): r seconds per sequence at
+              its throughput. Serially every sequence is sent after the decode (N · r);
+              streaming sends each at the end of the chunk it finished in, so the wait
+              left after the decode is what the service has not drained by then
+              (`service_drain`, over the simulated steps' finish rounds).
 
 Decode rounds and rows come from simulating the overcommit buffer with response lengths
 (and prompt sizes) drawn from the observed groups: with B + Δ groups in flight the step
@@ -45,6 +50,7 @@ class CostProfile:
     stream_call_s: float = 0.0         # overhead of one streaming call (per decode call)
     train_per_sample_s: float = 0.0    # t: old log-probs' remainder, update, per trained sample
     step_fixed_s: float = 0.0          # weight sync and everything else per step
+    remote_per_seq_s: float = 0.0      # r: a reward service's seconds per sequence (0: no service)
 
     def round_s(self, rows: int) -> float:
         return self.round_fixed_s + self.round_per_row_s * rows if rows else 0.0
@@ -59,6 +65,9 @@ class StepShape:
     trained_tokens: float  # response tokens of the trained sequences
     carried_groups: float  # groups carried with unfinished samples
     wasted_rows: float = 0.0   # rows decoded for nothing (always 0: carried work is kept)
+    # Per simulated step: (live rows in each decode round, the round in which each
+    # sequence that finished in the step ended): when a reward service gets each one.
+    timelines: tuple = ()
 
 
 def simulate_buffer(groups: Sequence[Sequence[int]], B: int, delta: int, steps: int = 24,
@@ -78,6 +87,7 @@ def simulate_buffer(groups: Sequence[Sequence[int]], B: int, delta: int, steps: 
     prompt: list[int] = []         # per group, its prompt tokens
     burn = steps // 3
     total = StepShape(0, 0, 0, 0, 0)
+    timelines = []
     for step in range(steps):
         while len(buffer) < B + delta:
             i = rng.randrange(len(groups))
@@ -91,6 +101,7 @@ def simulate_buffer(groups: Sequence[Sequence[int]], B: int, delta: int, steps: 
         order = sorted(range(len(buffer)), key=lambda i: (finish[i], i))
         horizon = finish[order[k - 1]]
         rows = sum(min(r, horizon) for g in buffer for r in g)
+        remaining = [r for g in buffer for r in g if r > 0]
         chosen = set(order[:k])
         trained = sum(d + r for i in chosen for d, r in zip(done[i], buffer[i]))
         still = [i for i in range(len(buffer)) if i not in chosen]
@@ -99,12 +110,49 @@ def simulate_buffer(groups: Sequence[Sequence[int]], B: int, delta: int, steps: 
                                 [[d + min(r, horizon) for d, r in zip(done[i], buffer[i])] for i in still],
                                 [prompt[i] for i in still])
         if step >= burn:
+            live = [sum(r > k for r in remaining) for k in range(horizon)]
+            timelines.append((tuple(live), tuple(sorted(r for r in remaining if r <= horizon))))
             for name, value in (("rounds", horizon), ("row_rounds", rows), ("carried_tokens", carried),
                                 ("trained_tokens", trained), ("carried_groups", carried_groups)):
                 setattr(total, name, getattr(total, name) + value)
     n = steps - burn
     return StepShape(*(getattr(total, f) / n for f in ("rounds", "row_rounds", "carried_tokens",
-                                                       "trained_tokens", "carried_groups")))
+                                                       "trained_tokens", "carried_groups")),
+                     timelines=tuple(timelines))
+
+
+def service_drain(arrivals: Sequence[float], per_seq_s: float, slots: int = 1, latency_s: float = 0.0) -> float:
+    """When a service with `slots` parallel slots, `per_seq_s` seconds a sequence each
+    (first come, first served), has answered sequences that became ready at `arrivals`
+    (seconds), with `latency_s` of network round trip on top. One slot at r = rate⁻¹ is
+    the cost model's service; the measured slots and service time give the ideal of a
+    benchmark."""
+    free = [0.0] * max(1, slots)
+    end = 0.0
+    for a in sorted(arrivals):
+        i = min(range(len(free)), key=free.__getitem__)
+        free[i] = max(free[i], a + latency_s / 2) + per_seq_s
+        end = max(end, free[i] + latency_s / 2)
+    return end
+
+
+def remote_wait(costs: CostProfile, shape: StepShape, chunk: int | None) -> float:
+    """The reward service's wait left after the decode, averaged over the simulated
+    steps: a sequence is sent at the end of the decode call it finished in (every
+    `chunk` rounds; without streaming, when the decode ends)."""
+    if costs.remote_per_seq_s <= 0 or not shape.timelines:
+        return 0.0
+    waits = []
+    for live, finish_rounds in shape.timelines:
+        ends, t = [], 0.0
+        for rows in live:
+            t += costs.round_s(rows)
+            ends.append(t)
+        decoded = ends[-1] if ends else 0.0
+        sent = [ends[min(len(ends), chunk * math.ceil(f / chunk)) - 1] if chunk and ends else decoded
+                for f in finish_rounds]
+        waits.append(max(0.0, service_drain(sent, costs.remote_per_seq_s) - decoded))
+    return sum(waits) / len(waits)
 
 
 @dataclass
@@ -136,6 +184,7 @@ def predict(costs: CostProfile, shape: StepShape, samples: int, chunk: int | Non
         hidden = min(costs.stream_hidden * streamed, decode)
         calls = math.ceil(shape.rounds / chunk) if shape.rounds else 0
         scoring = costs.score_fixed_s + work - hidden + costs.stream_call_s * calls
+    scoring += remote_wait(costs, shape, chunk)
     training = costs.train_per_sample_s * samples
     return Prediction(decode + scoring + training + costs.step_fixed_s, decode, scoring, training,
                       costs.step_fixed_s, shape)
@@ -208,12 +257,19 @@ class CostFitter:
 
     def observe_step(self, *, streamed: bool, decode_s: float, scoring_s: float, training_s: float,
                      fixed_s: float, samples: int, trained_tokens: int, predicted_decode_s: float | None = None,
-                     streamed_work_s: float | None = None) -> None:
-        """Phase times of a finished step. Serial steps fit scoring and training costs;
-        a streaming step measures how much of the streamed work decode really hid."""
+                     streamed_work_s: float | None = None, remote_wait_s: float = 0.0,
+                     remote_sequences: int = 0) -> None:
+        """Phase times of a finished step. Serial steps fit scoring and training costs
+        (and, with a reward service whose `remote_sequences` were sent after the decode,
+        its seconds per sequence); a streaming step measures how much of the streamed
+        work decode really hid."""
+        if remote_sequences:
+            scoring_s = max(0.0, scoring_s - remote_wait_s)   # the service's wait is modelled on its own
         if not streamed:
             obs = {"score_per_token": scoring_s / max(1, trained_tokens),
                    "train_per_sample": training_s / max(1, samples), "fixed": fixed_s}
+            if remote_sequences:
+                obs["remote_per_seq"] = remote_wait_s / remote_sequences
             for k, v in obs.items():
                 old = self._serial.get(k)
                 self._serial[k] = v if old is None else self.decay * old + (1 - self.decay) * v
@@ -253,7 +309,8 @@ class CostFitter:
                            score_per_token_s=self._serial.get("score_per_token", 0.0),
                            stream_hidden=self.stream_hidden_prior if self._hidden is None else self._hidden,
                            train_per_sample_s=self._serial.get("train_per_sample", 0.0),
-                           step_fixed_s=self._serial.get("fixed", 0.0))
+                           step_fixed_s=self._serial.get("fixed", 0.0),
+                           remote_per_seq_s=self._serial.get("remote_per_seq", 0.0))
 
     def state_dict(self) -> dict:
         return {"sums": list(self._sums), "prefill": list(self._prefill), "serial": dict(self._serial),
