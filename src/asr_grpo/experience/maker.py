@@ -94,6 +94,12 @@ class ExperienceMaker:
         self.reward_model = reward_model
         self.rescored = 0          # sequences scored again after a streaming scorer restarted
         self.reward_restarts = 0   # reward workers restarted to reclaim a hung reward_func
+        self.reward_wait_s = 0.0   # this step's time blocked on reward results
+        # Streamed rewards: uid -> its call; call -> (worker, pending result, uids); uid -> result.
+        self._early: dict[str, int] = {}
+        self._early_calls: dict[int, tuple] = {}
+        self._resolved: dict[str, RewardResult] = {}
+        self._call_ids = itertools.count()
 
     def _launch(self, group, method: str, refs: list[SequenceRef], streamed=None):
         """Score the sequences `streamed` does not cover on the role's ranks; returns a
@@ -124,15 +130,20 @@ class ExperienceMaker:
         return {s.uid: torch.tensor(s.logprobs, dtype=torch.float32) for s in seqs
                 if s.versions and min(s.versions) == version}
 
-    def _rewards(self, batch: dict, n: int) -> RewardResult:
-        """The reward workers' results over their shards. A reward file's error is raised
+    def _reward_calls(self, batch: dict, n: int) -> list[tuple]:
+        """Send a batch to the reward workers, one shard each; returns (worker, call,
+        the batch rows it scores) per shard, without waiting."""
+        shards = split_even(list(range(n)), self.reward.world_size)
+        return [(w, w.score.remote({k: [v[i] for i in idx] for k, v in batch.items()}),
+                 idx) for w, idx in zip(self.reward.handles, shards) if idx]
+
+    def _collect(self, calls: list[tuple]) -> RewardResult:
+        """The reward workers' results, in shard order. A reward file's error is raised
         as itself (not wrapped in Ray's task error); a worker left with a hung call is
         restarted (Ray re-runs its constructor) so the stuck thread goes with it."""
-        shards = split_even(list(range(n)), self.reward.world_size)
-        calls = [(w, w.score.remote({k: [v[i] for i in idx] for k, v in batch.items()}))
-                 for w, idx in zip(self.reward.handles, shards) if idx]
         parts = []
-        for worker, ref in calls:
+        t0 = time.monotonic()
+        for worker, ref, _ in calls:
             try:
                 out = ray.get(ref)
             except RewardFunctionError as exc:
@@ -142,7 +153,44 @@ class ExperienceMaker:
                 ray.kill(worker, no_restart=False)
                 self.reward_restarts += 1
             parts.append(RewardResult.from_dict(out))
+        self.reward_wait_s += time.monotonic() - t0
         return RewardResult.cat(parts)
+
+    def _rewards(self, batch: dict, n: int) -> RewardResult:
+        return self._collect(self._reward_calls(batch, n))
+
+    def submit_finished(self, groups: list[PromptGroup], seqs: list[SequenceResult]) -> None:
+        """Streamed rewards: send sequences to the reward workers as soon as they finish
+        (the scheduler calls this once per decoded chunk), so a reward service's wait
+        runs under the decode; `make` then collects what is already there. The reward
+        of a sequence depends only on its text, so it is the one the serial step gets."""
+        batch = self.reward_batch(groups, seqs)
+        for worker, ref, idx in self._reward_calls(batch, len(seqs)):
+            key = next(self._call_ids)
+            self._early_calls[key] = (worker, ref, [seqs[i].uid for i in idx])
+            self._early.update({seqs[i].uid: key for i in idx})
+
+    def _take_early(self, seqs: list[SequenceResult]) -> dict[str, RewardResult]:
+        """The streamed rewards of `seqs` (one row each); a call's other rows (groups
+        still waiting in the overcommit buffer) are kept for the step that trains them."""
+        for key in sorted({self._early[s.uid] for s in seqs if s.uid in self._early}):
+            worker, ref, uids = self._early_calls.pop(key)
+            result = self._collect([(worker, ref, uids)])
+            for pos, uid in enumerate(uids):
+                self._resolved[uid] = result.select([pos])
+                self._early.pop(uid, None)
+        return {s.uid: self._resolved.pop(s.uid) for s in seqs if s.uid in self._resolved}
+
+    def _request_stats(self) -> dict[str, float]:
+        """reward/remote/*: what a reward service's client saw this step (requests,
+        retries, failures, round trips); nothing for a local reward file."""
+        if not self.cfg.reward.remote.urls:
+            return {}
+        merged: dict[str, float] = {}
+        for worker in ray.get(self.reward.call("take_request_stats")):
+            for k, v in worker.items():   # counts add up over workers; round trips: the slowest
+                merged[k] = max(merged.get(k, v), v) if k.endswith(("_p50", "_max")) else merged.get(k, 0.0) + v
+        return merged
 
     def reward_batch(self, groups: list[PromptGroup], seqs: list[SequenceResult]) -> dict:
         by_uid = {g.uid: g for g in groups}
@@ -151,17 +199,25 @@ class ExperienceMaker:
         prompts = [""] * len(seqs)  # the prompt is audio; its text part is the fixed request
         return {"queries": responses, "prompts": prompts, "labels": [u["text"] for u in utts],
                 "responses": responses, "languages": [u["language"] for u in utts],
-                "keywords": [list(u["keywords"]) for u in utts],
+                "keywords": [list(u["keywords"]) for u in utts], "durations": [float(u["duration"]) for u in utts],
                 "finish_reasons": [s.finish_reason for s in seqs], "sample_ids": [s.uid for s in seqs]}
 
     def _score_rewards(self, groups: list[PromptGroup], seqs: list[SequenceResult], refs: list[SequenceRef],
                        streamed: dict) -> RewardResult:
-        batch = self.reward_batch(groups, seqs)
         if self.reward_model is not None:
             # The reward function takes the model-based component as an input.
+            batch = self.reward_batch(groups, seqs)
             lm = self._launch(self.reward_model, "compute_fluency", refs, streamed.get("lm"))()
             batch["lm_scores"] = [float(x) for x in lm]
-        return self._rewards(batch, len(seqs))
+            return self._rewards(batch, len(seqs))
+        early = self._take_early(seqs)
+        rest = [s for s in seqs if s.uid not in early]
+        if rest:
+            fresh = self._rewards(self.reward_batch(groups, rest), len(rest))
+            if not early:
+                return fresh
+            early.update({s.uid: fresh.select([i]) for i, s in enumerate(rest)})
+        return RewardResult.cat([early[s.uid] for s in seqs])
 
     def make(self, groups: list[PromptGroup], results: dict[str, list[SequenceResult]],
              streamed: dict | None = None, version: int | None = None
@@ -179,6 +235,7 @@ class ExperienceMaker:
         refs = [SequenceRef(s.uid, by_uid[s.group].prompt_ids, s.tokens, by_uid[s.group].features,
                             by_uid[s.group].utterance["language"]) for s in seqs]
         t0 = time.monotonic()
+        self.reward_wait_s = 0.0
         num_sampled, sampled_seqs, sampled_refs = len(seqs), seqs, refs
         sampled = reward = None
         per_prompt = samples_trained_per_prompt(algo)
@@ -212,6 +269,7 @@ class ExperienceMaker:
             values = None if values is None else [values[i] for i in keep]
             reward = reward.select(keep)
         faults = {"reward/dropped": float(dropped), "reward/dropped_groups": float(dropped_groups),
+                  "perf/time/reward_wait": self.reward_wait_s, **self._request_stats(),
                   "faults/rescored_sequences": float(self.rescored),
                   "faults/reward_worker_restarts": float(self.reward_restarts)}
         # The reward logged is every sampled transcript's: what the policy does, whether

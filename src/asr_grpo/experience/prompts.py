@@ -51,5 +51,7 @@ class PromptSampler:
 def build_group(processor, item: dict, n: int, uid: str, step: int, index: int = -1) -> PromptGroup:
     prompt_ids, features = encode_prompt(processor, item["audio"], item["language"])
     meta = {k: item[k] for k in ("id", "text", "language", "keywords")}
+    # From the audio the prompt holds (speed perturbation changes it), for reward files.
+    meta["duration"] = len(item["audio"]) / processor.feature_extractor.sampling_rate
     return PromptGroup(uid=uid, utterance=meta, prompt_ids=prompt_ids, features=features, n=n, entered_step=step,
                        item_index=index)

@@ -121,6 +121,7 @@ class SequencePool:
             seq.finish_reason = "length"
         else:
             return True
+        seq.finished_at = time.time()
         if quota is not None:
             quota.finished(seq)
         return False

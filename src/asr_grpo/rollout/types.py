@@ -31,6 +31,9 @@ class SequenceState:
     logprobs: list[float] = field(default_factory=list)   # behaviour log-probs
     versions: list[int] = field(default_factory=list)     # policy version per token
     finish_reason: str | None = None                      # "stop" | "length" | None
+    # Wall-clock time (time.time()) its last token was sampled: when a reward service
+    # could have had it (what an ideal pipeline is measured against).
+    finished_at: float | None = None
 
     @property
     def done(self) -> bool:
@@ -38,7 +41,7 @@ class SequenceState:
 
     def result(self) -> "SequenceResult":
         return SequenceResult(self.request.uid, self.request.group, list(self.tokens), list(self.logprobs),
-                              list(self.versions), self.finish_reason)
+                              list(self.versions), self.finish_reason, self.finished_at)
 
 
 @dataclass
@@ -50,6 +53,7 @@ class SequenceResult:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str | None
+    finished_at: float | None = None
 
     @property
     def done(self) -> bool:

@@ -106,6 +106,8 @@ def apply_completion(seq: SequenceState, completion, version: int, max_new_token
             seq.finish_reason = "length"
     else:
         raise RuntimeError(f"vLLM finished {seq.request.uid} with {reason!r}")
+    if seq.done:
+        seq.finished_at = time.time()   # vLLM returns a call's tokens at once: its end
 
 
 def _vllm_sampling_params(**kwargs):
