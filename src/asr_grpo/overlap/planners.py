@@ -12,6 +12,9 @@ Each overlap mode opens a search space: `intra` the chunk (streaming or not), `i
   by the slope of the reward.
 * `FixedPlanner` (`fixed`, and `none`): `chunk_size` and `delta_init` every step, as
   far as the mode allows; the ablation that measures what a mode costs when forced.
+* `ReplayPlanner` (`overlap.replay_plan=<MLflow run id>`, whatever the controller): the
+  plans that run recorded (`plan_record`), step by step, so a comparison can repeat it
+  exactly although its own timings would have planned differently.
 
 Every planner carries its whole state in `state_dict()`: a resumed run plans as the
 uninterrupted run would have from the same measurements.
@@ -20,8 +23,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 from asr_grpo.config.schema import OverlapMode
+from asr_grpo.config.validate import ConfigError
 from asr_grpo.overlap.controllers import ChunkSizeController, DeltaController
 from asr_grpo.overlap.cost_model import CostFitter, best_plan
 
@@ -52,6 +57,7 @@ class StepObservation:
     samples: int = 0
     mean_reward: float = float("nan")
     decoded: bool = True
+    admitted: list[str] = field(default_factory=list)   # uids of the groups that entered the buffer
 
 
 def merge_decode_stats(parts: list[dict]) -> dict:
@@ -184,8 +190,60 @@ class CostModelPlanner:
             self.delta_bound.load_state_dict(state["delta_ctrl"])
 
 
-def make_planner(cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0):
-    """The planner of `cfg.controller`, searching what `cfg.mode` allows."""
+def plan_record(step: int, plan: StepPlan, admitted: Sequence[str]) -> dict:
+    """One step's line of a run's plan record (what `ReplayPlanner` replays): the plan the
+    step ran with, after the mode bounded it, and the groups it admitted."""
+    return {"step": step, "chunk": plan.chunk, "delta": plan.delta, "admitted": list(admitted)}
+
+
+class ReplayDiverged(ConfigError):
+    """A replayed step admitted other prompt groups than the recorded one: another config or seed."""
+
+
+class ReplayPlanner:
+    """The plans of a recorded run (`overlap.replay_plan`), by step number. Timings play
+    no part, so two replays, or a replay and its original, plan alike; each step's
+    admissions are checked against the record, since a run that drifted from it would
+    otherwise go on silently comparing something else."""
+
+    def __init__(self, records: Mapping[int, dict], source: str):
+        self.records = {int(step): rec for step, rec in records.items()}
+        self.source = source   # the recorded run's id, for the messages
+
+    def plan(self, step: int) -> StepPlan:
+        rec = self.records.get(step)
+        if rec is None:
+            held = f"steps {min(self.records)}..{max(self.records)}" if self.records else "no step"
+            raise ConfigError(f"overlap.replay_plan={self.source}: that run recorded no plan for step {step} "
+                              f"(it holds {held}); replay at most as many steps as it ran")
+        return StepPlan(rec["chunk"], int(rec["delta"]))
+
+    def observe(self, obs: StepObservation) -> dict[str, float]:
+        want = list(self.records[obs.step]["admitted"])
+        if list(obs.admitted) != want:
+            raise ReplayDiverged(
+                f"overlap.replay_plan={self.source}: step {obs.step} admitted {len(obs.admitted)} prompt groups "
+                f"{list(obs.admitted)[:4]} where the recorded run admitted {len(want)} {want[:4]}: this run does "
+                "not repeat it (another config, seed or data)")
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}   # the record is the state: a resumed replay plans by step number
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def make_planner(cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0,
+                 recorded_plans: Mapping[int, dict] | None = None, streams_rewards: bool = False):
+    """The planner of `cfg.controller`, searching what `cfg.mode` allows; with
+    `cfg.replay_plan`, a `ReplayPlanner` of `recorded_plans` (that run's record, read
+    from MLflow by the caller: this layer knows nothing of MLflow)."""
+    if getattr(cfg, "replay_plan", ""):
+        if recorded_plans is None:
+            raise ValueError(f"overlap.replay_plan={cfg.replay_plan}: the caller must hand over that run's "
+                             "recorded plans (recipes read them with tracking.plans.read_plans)")
+        return ReplayPlanner(recorded_plans, cfg.replay_plan)
     streams, overcommits = MODES[OverlapMode(cfg.mode)]
     if not (streams or overcommits):
         return FixedPlanner(None, 0)

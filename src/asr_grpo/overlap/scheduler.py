@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import ray
 import torch
@@ -105,6 +105,7 @@ class StepRollout:
     streamed: dict[str, StreamedScores]             # scorer -> its scores of those sequences
     metrics: dict[str, float]
     admitted: list[str] = field(default_factory=list)   # uids of the groups that entered the buffer this step
+    plan: StepPlan | None = None   # what the step ran with (the mode's bounds applied): the run's plan record
 
     @property
     def lengths(self) -> list[list[int]]:
@@ -116,7 +117,8 @@ class RolloutScheduler:
     def __init__(self, overlap_cfg, prompts_per_step: int, hosts, scorers: dict | None = None,
                  restore_host: Callable[[int], None] | None = None, frozen_scorers: Iterable[str] = (),
                  stream_hidden_prior: float = 0.0, resolve: Callable = ray.get,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 recorded_plans: Mapping[int, dict] | None = None):
         self.mode = overlap_cfg.mode
         if self.mode not in MODES:
             raise ValueError(f"overlap.mode={self.mode!r}: expected one of {', '.join(MODES)}")
@@ -131,7 +133,8 @@ class RolloutScheduler:
         # Scorers whose weights never change (reference, reward model) keep the caches
         # of carried sequences across steps; the others re-prefill them.
         self.frozen = set(frozen_scorers) & set(self.scorers)
-        self.planner = make_planner(overlap_cfg, prompts_per_step, stream_hidden_prior)
+        # recorded_plans: `overlap.replay_plan`'s record (the caller reads it from MLflow).
+        self.planner = make_planner(overlap_cfg, prompts_per_step, stream_hidden_prior, recorded_plans)
         self.stop_check_every = int(overlap_cfg.stop_check_every)
         self.recheck_tokens = int(overlap_cfg.chunk_size)
         self.buffer: list[BufferedGroup] = []
@@ -193,10 +196,10 @@ class RolloutScheduler:
         results = {e.group.uid: e.results() for e in chosen}
         staleness = [step - min(s.versions) for rs in results.values() for s in rs if s.versions]
         carried_unfinished = sum(not e.done for e in self.buffer)
-        out = StepRollout([e.group for e in chosen], results, streamed, {}, [g.uid for g in admitted])
+        out = StepRollout([e.group for e in chosen], results, streamed, {}, [g.uid for g in admitted], plan=plan)
         self._step_info = {"decoded": ticks > 0, "samples": sum(len(rs) for rs in results.values()),
                            "lengths": out.lengths, "prompts": [len(e.group.prompt_ids) for e in chosen],
-                           "decode_s": t_decoded - t0}
+                           "decode_s": t_decoded - t0, "admitted": out.admitted}
         metrics = {"overlap/chunk": float(chunk or 0), "overlap/delta": float(delta),
                    "overlap/buffer_groups": float(len(self.buffer) + len(chosen)),
                    "overlap/carried_groups": float(len(self.buffer)),
@@ -223,7 +226,8 @@ class RolloutScheduler:
                               trained_prompts=self._step_info.get("prompts", []),
                               samples=self._step_info.get("samples", 0),
                               mean_reward=metrics.get("reward/total", float("nan")),
-                              decoded=self._step_info.get("decoded", False))
+                              decoded=self._step_info.get("decoded", False),
+                              admitted=self._step_info.get("admitted", []))
         rounds_s = sum(secs for _, secs in stats["rounds"].values())
         # This step's round cost as a + b·live rows, whatever the planner: a serial run
         # logs what the forecast's profile=run needs without inferring it from totals.

@@ -36,10 +36,12 @@ from asr_grpo.experience.sync_check import check_sequences, check_weight_sync
 from asr_grpo.models import load_processor
 from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.models.text_lm import ensure_text_lm
+from asr_grpo.overlap.planners import plan_record
 from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
 from asr_grpo.recipes.start_checkpoint import prepare_start_checkpoint
 from asr_grpo.rewards.text import error_rates_by_language
 from asr_grpo.tracking import MlflowRun
+from asr_grpo.tracking.plans import log_plans, read_plans
 from asr_grpo.tracking.runs import GROUP_LENGTHS
 from asr_grpo.workers.critic import CriticRole
 from asr_grpo.workers.policy import PolicyRole
@@ -76,11 +78,14 @@ class RLRecipe:
         self.step = 0
         self.weights_version = 0   # the policy version the rollout engines hold
         self.group_lengths: dict[int, list[list[int]]] = {}   # step -> trained groups' response lengths
+        self.plans: dict[int, dict] = {}   # step (0-based, the scheduler's) -> its `plan_record`
 
     # ---- setup ---------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
         validate_config(cfg)
+        # overlap.replay_plan: that run's plans, read now so a bad run id fails before Ray starts.
+        recorded_plans = read_plans(cfg.logger, cfg.overlap.replay_plan) if cfg.overlap.replay_plan else None
         use_lm = cfg.reward.smoothness_scorer == "lm"
         counts = role_counts(cfg.placement, use_critic=cfg.algorithm.use_critic,
                              use_ref=cfg.algorithm.kl_coef > 0, use_reward_model=use_lm)
@@ -129,7 +134,8 @@ class RLRecipe:
         restore = self._restore_rollout_worker if self.rollout_group is not None else None
         self.scheduler = RolloutScheduler(cfg.overlap, cfg.trainer.prompts_per_step, hosts, scorers,
                                           restore_host=restore,
-                                          frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg))
+                                          frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg),
+                                          recorded_plans=recorded_plans)
         self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward,
                                      self.reward_model)
         self.placement = {g.role: g.placement_report() for g in self.groups}
@@ -252,6 +258,7 @@ class RLRecipe:
         t0 = time.monotonic()
         rollout = self.scheduler.rollout(step, lambda k: self._new_groups(k, step))
         self.group_lengths[step + 1] = rollout.lengths
+        self.plans[step] = plan_record(step, rollout.plan, rollout.admitted)
         if self.rollout_group is not None and self.cfg.rollout.sleep_level:
             ray.get(self.rollout_group.call("sleep"))   # colocated vLLM frees the GPU for training
         t_score = time.monotonic()
@@ -314,7 +321,8 @@ class RLRecipe:
         out = self.cfg.trainer.output_dir
         staging = ckpt.staging_dir(out, step)
         state = {"step": step, "sampler": self.sampler.state_dict(), "mlflow_run_id": run_id,
-                 "scheduler": self.scheduler.state_dict(), "group_lengths": self.group_lengths}
+                 "scheduler": self.scheduler.state_dict(), "group_lengths": self.group_lengths,
+                 "plans": self.plans}
         refs = self.policy.call("save", str(staging / "policy_ds"), "state", {"step": step}, str(staging / "hf"))
         if self.critic is not None:
             refs += self.critic.call("save", str(staging / "critic_ds"), "state")
@@ -337,6 +345,9 @@ class RLRecipe:
         self.sync_weights(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         self.group_lengths = {int(k): v for k, v in state.get("group_lengths", {}).items()}
+        # The resumed run's plans.jsonl is rewritten from these: steps the stopped process
+        # ran past its checkpoint are replaced by the ones run again.
+        self.plans = {int(k): v for k, v in state.get("plans", {}).items()}
         self.scheduler.load_state_dict(state["scheduler"],
                                        lambda e: self._group(e["item_index"], e["entered_step"], uid=e["uid"]))
         log.info("resumed from %s (step %d)", path, state["step"])
@@ -375,6 +386,7 @@ class RLRecipe:
                         last = last or out_of_time(cfg.trainer.max_minutes, t_start)
                     metrics["perf/wall_clock"] = time.monotonic() - t_start
                     tracker.log_metrics(metrics, step=done)
+                    log_plans(self.plans)
                     if cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or last):
                         self.save(done, tracker.run_id)
                         tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
