@@ -5,8 +5,14 @@ to the OPPO paper.
     python bench/forecast_validation.py --cpu-benchmark bench/results/cpu_2core*/overlap_speedup.json \\
         [--tracking-uri sqlite:///outputs/mlflow.db]   # (d) adds the CPU benchmark: every mode from its `none` runs
 
+    python bench/forecast_validation.py --remote-predict <none run id> --prediction-out PATH \
+        [--output-root outputs | --tracking-uri URI]   # (e), before the measured runs: the prediction only
+    python bench/forecast_validation.py --remote-validate bench/results/cpu_2core_remote_reward/remote_reward.json \
+        [--remote-none [SETTING=]<none run id or prediction JSON> ...]   # (e): predicted vs measured
+
 Writes bench/results/forecast_validation.{json,md} (--out to change); --cpu-benchmark merges
-into an existing JSON, so (a)-(c) need not run again (--skip-scenarios).
+into an existing JSON, so (a)-(c) need not run again (--skip-scenarios); --remote-validate
+merges its section without running them.
 
 (a) The OPPO paper's main setup (forecast_scenario=paper_ppo_7b: Qwen2.5-7B actor with a
     value head, a 7B reward model, 8 H200s as 7 + 1, batch 112, long-tailed responses),
@@ -21,13 +27,24 @@ into an existing JSON, so (a)-(c) need not run again (--skip-scenarios).
 (d) The CPU benchmark (bench/overlap_speedup.py's JSON: per mode the MLflow run ids, the
     store in outputs/mlflow.db): for each `none` run, profile=run, every mode predicted
     with the workload's overlap settings, against the measured median steps.
+(e) A reward served by another machine (bench/remote_reward.py): from each service
+    setting's first `none` run, every mode's speedup predicted (the service's wait per
+    sequence fitted apart from the local scoring, hidden as the cost model says) and
+    written before the other modes run (--remote-predict); afterwards set against the
+    measured speedups and their 95% intervals (--remote-validate). The measured table is
+    bench/remote_reward.py's remote_reward.json, or {setting: {mode: {"step_speedup": x,
+    "ci": [lo, hi]}}}; each setting's prediction is the JSON --remote-predict wrote
+    (forecast_<setting>.json beside the measured table, or --remote-none SETTING=PATH),
+    or, given a run id (--remote-none SETTING=RUN_ID), made now.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -211,10 +228,6 @@ def cpu_benchmark(path: str, tracking_uri: str, warmup: int = 3) -> dict:
     """Every workload of bench/overlap_speedup.py's JSON: from each `none` run (MLflow),
     profile=run; every mode predicted with the workload's overlap knobs; the predicted
     median step next to the measured one (medians over the runs' steps after `warmup`)."""
-    from asr_grpo.forecast.profiles import run_profile
-    from asr_grpo.forecast.runfit import from_mlflow
-    from asr_grpo.forecast.simulator import ModeResult, Simulation
-
     data = json.loads(Path(path).read_text())
     out = {}
     for entry in data if isinstance(data, list) else [data]:
@@ -226,13 +239,8 @@ def cpu_benchmark(path: str, tracking_uri: str, warmup: int = 3) -> dict:
         steps_total = entry["measured_steps"] + warmup if "measured_steps" in entry else entry.get("steps", 10)
         rows = {}
         for rid in [r for r in none_ids if r]:
-            facts = from_mlflow(rid, tracking_uri, skip_steps=skip)
-            cfg = compose("profile=run", f"run.run_id={rid}", f"run.tracking_uri={tracking_uri}")
-            profile, workload = run_profile(cfg, facts)
-            pred = {}
-            for mode in modes:
-                sim = Simulation(profile, workload, overlap_for(mode, entry["overrides"]), mode)
-                pred[mode] = ModeResult(mode, sim.run(steps_total), skip).summary()
+            profile, pred = predict_from_none(rid, tracking_uri, list(modes), steps_total, skip, entry["overrides"],
+                                              skip_steps=skip)
             rows[rid] = {m: {"predicted_step_s": p["step_s"], "predicted_mean_step_s": p["mean_step_s"],
                              "plans": p["plans"]} for m, p in pred.items()}
             rows[rid]["notes"] = profile.notes
@@ -256,6 +264,25 @@ def cpu_benchmark(path: str, tracking_uri: str, warmup: int = 3) -> dict:
     return out
 
 
+def predict_from_none(run_id: str, tracking_uri: str, modes: list[str], steps: int, warmup: int,
+                      overrides: list[str] = (), skip_steps: int = 1):
+    """Every mode predicted from one `none` run (profile=run), each with its own overlap
+    config as a benchmark run of it composes it (conf/overlap/<mode>.yaml + `overrides`).
+    Returns the profile and each mode's summary (medians over the steps after `warmup`)."""
+    from asr_grpo.forecast.profiles import run_profile
+    from asr_grpo.forecast.runfit import from_mlflow
+    from asr_grpo.forecast.simulator import ModeResult, Simulation
+
+    facts = from_mlflow(run_id, tracking_uri, skip_steps=skip_steps)
+    cfg = compose("profile=run", f"run.run_id={run_id}", f"run.tracking_uri={tracking_uri}")
+    profile, workload = run_profile(cfg, facts)
+    pred = {}
+    for mode in modes:
+        sim = Simulation(profile, workload, overlap_for(mode, list(overrides)), mode)
+        pred[mode] = ModeResult(mode, sim.run(steps), warmup).summary()
+    return profile, pred
+
+
 def mean_figures(rows: dict, modes: dict, mode: str) -> dict:
     """The mean step (throughput) predicted and measured, where the benchmark reports it."""
     measured = modes[mode].get("mean_step_s")
@@ -264,6 +291,103 @@ def mean_figures(rows: dict, modes: dict, mode: str) -> dict:
     predicted = statistics.median(r[mode]["predicted_mean_step_s"] for r in rows.values())
     return {"predicted_mean_step_s": predicted, "measured_mean_step_s": measured,
             "mean_error": predicted / measured - 1}
+
+
+# ---- (e) a remote reward ---------------------------------------------------------------------------------
+REMOTE_FORMAT = "asr-grpo-remote-forecast/1"
+
+
+def remote_prediction(run_id: str, tracking_uri: str, modes=MODES, steps: int = 20, warmup: int = 6,
+                      overrides: list[str] = (), predict_only: str | None = None) -> dict:
+    """Every mode's step and speedup over `none`, predicted from a `none` run that asked a
+    reward service (bench/remote_reward.py's steps and warm-up by default). `predict_only`:
+    also write it there, so that it is on record before the measured runs exist."""
+    modes = ["none", *(m for m in modes if m != "none")]   # the baseline every speedup divides
+    profile, pred = predict_from_none(run_id, tracking_uri, modes, steps, warmup, overrides)
+    none = pred["none"]["step_s"]
+    out = {"format": REMOTE_FORMAT, "none_run": run_id, "tracking_uri": tracking_uri,
+           "predicted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "steps": steps, "warmup": warmup,
+           "remote_per_seq_s": profile.remote_per_seq_s,
+           "speedups": {m: none / p["step_s"] for m, p in pred.items()},
+           "modes": {m: {k: p[k] for k in ("step_s", "reward_wait_s", "phases_s", "chunk", "delta", "plans")}
+                     for m, p in pred.items()},
+           "notes": profile.notes}
+    if not profile.remote_per_seq_s:
+        print(f"warning: run {run_id} logged no reward service wait (perf/time/reward_wait with "
+              "reward.remote.urls): this is the local-reward forecast", file=sys.stderr)
+    if predict_only:
+        Path(predict_only).parent.mkdir(parents=True, exist_ok=True)
+        Path(predict_only).write_text(json.dumps(out, indent=1))
+    return out
+
+
+def measured_speedups(data) -> dict:
+    """{setting: {mode: {"step_speedup": x, "ci": [lo, hi]}}} from that table itself or from
+    bench/remote_reward.py's result list (one entry per setting, `workload` remote_reward/<setting>)."""
+    if isinstance(data, dict):
+        return data
+    return {r["workload"].split("/")[-1]: {
+        mode: {"step_speedup": m["step_speedup_ci"]["point"],
+               "ci": [m["step_speedup_ci"]["low"], m["step_speedup_ci"]["high"]]}
+        for mode, m in r["modes"].items() if "step_speedup_ci" in m} for r in data}
+
+
+def remote_validation(measured_path: str, sources: dict[str, str], tracking_uri: str, **predict) -> dict:
+    """Predicted against measured speedups per setting and mode. A setting's prediction:
+    `sources[setting]` (a JSON --remote-predict wrote, or a `none` run id to predict from
+    now), else forecast_<setting>.json beside the measured table."""
+    measured = measured_speedups(json.loads(Path(measured_path).read_text()))
+    out = {"measured": str(measured_path), "settings": {}}
+    for setting, modes in measured.items():
+        src = sources.get(setting) or str(Path(measured_path).parent / f"forecast_{setting}.json")
+        recorded = Path(src).is_file()
+        if not recorded and src.endswith(".json"):
+            print(f"(e) {setting}: no prediction ({src} missing); left out", flush=True)
+            continue
+        pred = json.loads(Path(src).read_text()) if recorded else remote_prediction(src, tracking_uri, **predict)
+        rows = {}
+        for mode, m in modes.items():
+            p = pred["speedups"].get(mode)
+            if mode == "none" or p is None:
+                continue
+            lo, hi = (m.get("ci") or [None, None])[:2]
+            finite = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi))
+            rows[mode] = {"predicted_speedup": p, "measured_speedup": m["step_speedup"], "ci": [lo, hi],
+                          "error": p / m["step_speedup"] - 1, "inside_ci": lo <= p <= hi if finite else None}
+        out["settings"][setting] = {"none_run": pred["none_run"], "prediction": src if recorded else "made now",
+                                    "predicted_at": pred["predicted_at"], "remote_per_seq_s": pred["remote_per_seq_s"],
+                                    "modes": rows}
+        print(f"(e) {setting}: " + ", ".join(f"{m} {v['predicted_speedup']:.2f}x vs {v['measured_speedup']:.2f}x "
+                                             f"({v['error']:+.0%})" for m, v in rows.items()), flush=True)
+    return out
+
+
+def remote_markdown(rr: dict | None) -> list[str]:
+    out = ["## (e) A remote reward: speedups predicted from the `none` run", ""]
+    if not rr:
+        return out + ["Not yet run: `python bench/remote_reward.py` records each setting's prediction from its "
+                      "first `none` run before the other modes run (`--remote-predict`); then `python "
+                      "bench/forecast_validation.py --remote-validate "
+                      "bench/results/cpu_2core_remote_reward/remote_reward.json`.", ""]
+    out += [f"Measured: `{rr['measured']}` (step speedup: ratio of median steps, 95% bootstrap interval). "
+            "Predicted: profile=run from the setting's `none` run, the service's wait per sequence fitted "
+            "apart from the local scoring.", "",
+            "| setting | service fitted (ms / sequence) | prediction (recorded at) | mode | predicted | "
+            "measured [95% CI] | error | inside CI |", "|---|---|---|---|---|---|---|---|"]
+    for setting, s in rr["settings"].items():
+        for mode, v in s["modes"].items():
+            lo, hi = v["ci"]
+            ci = f" [{lo:.2f}, {hi:.2f}]" if v["inside_ci"] is not None else ""
+            inside = "-" if v["inside_ci"] is None else ("yes" if v["inside_ci"] else "no")
+            out.append(f"| {setting} | {1e3 * s['remote_per_seq_s']:.2f} | {s['prediction']} ({s['predicted_at']}) "
+                       f"| {mode} | {v['predicted_speedup']:.2f}x | {v['measured_speedup']:.2f}x{ci} | "
+                       f"{v['error']:+.0%} | {inside} |")
+    return out + [""]
+
+
+def keyed(values: list[str]) -> dict[str, str]:
+    """SETTING=VALUE pairs; a bare VALUE is every setting's ("")."""
+    return dict(v.split("=", 1) if "=" in v else ("", v) for v in values)
 
 
 # ---- what the numbers say ---------------------------------------------------------------------------
@@ -419,6 +543,7 @@ def markdown(res: dict) -> str:
     else:
         out += ["## (d) The CPU benchmark", "", "Not yet run: `python bench/forecast_validation.py --cpu-benchmark "
                 "bench/results/overlap_speedup.json --skip-scenarios` once the benchmark has finished.", ""]
+    out += remote_markdown(res.get("remote_reward"))
     return "\n".join(out)
 
 
@@ -448,18 +573,46 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(REPO / "bench/results/forecast_validation"), help="path without .json/.md")
     ap.add_argument("--cpu-benchmark", nargs="+", help="bench/overlap_speedup.py JSONs (MLflow run ids per mode)")
-    ap.add_argument("--tracking-uri", default=f"sqlite:///{REPO}/outputs/mlflow.db")
+    ap.add_argument("--tracking-uri", help="MLflow store of the runs (default: <output root>/mlflow.db)")
+    ap.add_argument("--output-root", default=str(REPO / "outputs"), help="the runs' paths.output_root")
     ap.add_argument("--skip-scenarios", action="store_true", help="keep (a)-(c) from the existing JSON")
+    ap.add_argument("--remote-predict", metavar="RUN_ID", help="(e) predict from this `none` run, write "
+                    "--prediction-out and nothing else")
+    ap.add_argument("--prediction-out", metavar="PATH", help="where --remote-predict writes its JSON")
+    ap.add_argument("--remote-validate", metavar="MEASURED_JSON", help="(e) the measured speedups")
+    ap.add_argument("--remote-none", nargs="+", default=[], metavar="[SETTING=]SOURCE",
+                    help="(e) a setting's prediction: a --remote-predict JSON or a `none` run id")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), help="(e) modes to predict")
+    ap.add_argument("--steps", type=int, default=20, help="(e) simulated steps per mode (the benchmark's)")
+    ap.add_argument("--warmup", type=int, default=6, help="(e) first steps left out (the benchmark's)")
     args = ap.parse_args()
-    out = Path(args.out)
-    res = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
-    if not args.skip_scenarios:
-        res = {"paper": paper_scenario(), "seed": seed_scenario(), "h200": h200_oppo_from_none(),
-               **({"cpu_benchmark": res["cpu_benchmark"]} if "cpu_benchmark" in res else {})}
-        discuss(res)
-    if args.cpu_benchmark:
-        res["cpu_benchmark"] = {w: r for path in args.cpu_benchmark
-                                for w, r in cpu_benchmark(path, args.tracking_uri).items()}
+    uri = args.tracking_uri or f"sqlite:///{Path(args.output_root).resolve()}/mlflow.db"
+    predict = {"modes": args.modes, "steps": args.steps, "warmup": args.warmup}
+    try:
+        if args.remote_predict:   # before the measured runs: nothing else is read or written
+            if not args.prediction_out:
+                ap.error("--remote-predict needs --prediction-out PATH")
+            pred = remote_prediction(args.remote_predict, uri, predict_only=args.prediction_out, **predict)
+            print(f"wrote {args.prediction_out}: " + ", ".join(f"{m} {x:.2f}x" for m, x in pred["speedups"].items()))
+            return
+        out = Path(args.out)
+        res = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else {}
+        if not (args.skip_scenarios or args.remote_validate):
+            res = {"paper": paper_scenario(), "seed": seed_scenario(), "h200": h200_oppo_from_none(),
+                   **{k: res[k] for k in ("cpu_benchmark", "remote_reward") if k in res}}
+            discuss(res)
+        if args.cpu_benchmark:
+            res["cpu_benchmark"] = {w: r for path in args.cpu_benchmark for w, r in cpu_benchmark(path, uri).items()}
+        if args.remote_validate:
+            sources = keyed(args.remote_none)
+            measured = measured_speedups(json.loads(Path(args.remote_validate).read_text()))
+            if "" in sources:   # a bare source: the one setting measured
+                if len(measured) != 1:
+                    ap.error(f"--remote-none: {len(measured)} settings measured; name each as SETTING=SOURCE")
+                sources = {next(iter(measured)): sources.pop("")}
+            res["remote_reward"] = remote_validation(args.remote_validate, sources, uri, **predict)
+    except ValueError as e:   # an unknown run id, a serial-only fit refused: one line
+        sys.exit(f"forecast_validation: {e}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
     out.with_suffix(".md").write_text(markdown(res))

@@ -98,6 +98,9 @@ class SimProfile:
     train_epochs: int = 1
     recompute_old_logprobs: bool = True
     notes: list[str] = field(default_factory=list)   # how it was built
+    # A reward service on another machine: seconds per sequence at its throughput, one
+    # slot (`cost_model.CostProfile.remote_per_seq_s`); 0: the rewards are local.
+    remote_per_seq_s: float = 0.0
 
     def scorers(self) -> list[str]:
         return [r for r in ("ref", "critic", "reward_model") if r in self.roles]

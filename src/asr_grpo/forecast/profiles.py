@@ -224,10 +224,13 @@ def run_profile(cfg, facts: RunFacts, round_costs: dict | None = None) -> tuple[
              f"carried tokens re-prefill at the run's rebuild cost per prompt token ({prompt} tokens a prompt)",
              f"every decode and streaming call beyond the serial step's one: {1e3 * src.stream_call_s:.0f} ms "
              "(an actor call; not in a serial run)"]
+    if f.remote_per_seq_s and use_lm:
+        notes.append("the reward takes the LM reward model's scores: the service is asked after them, in every "
+                     "mode (the recipe streams only rewards that need nothing but the text)")
     profile = SimProfile("run", 1, device, DecodeCost(overhead_s=f.round_fixed_s, row_s=f.round_per_row_s), prefill,
                          roles, [r for r in roles_here if r != "actor"], hidden, float(src.stream_call_s),
                          float(src.stream_call_s),
-                         0.0, f.sync_s, f.other_s + f.score_fixed_s, 1, recompute, notes)
+                         0.0, f.sync_s, f.other_s + f.score_fixed_s, 1, recompute, notes, f.remote_per_seq_s)
     lc = cfg.lengths
     if lc.from_run and facts.groups:
         model = histogram(facts.groups)

@@ -13,7 +13,7 @@ from asr_grpo.forecast.workload import Workload
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
 COLORS = {"prefill": "#9ecae1", "decode": "#3182bd", "contention": "#de2d26", "stream": "#74c476",
           "drain": "#c7e9c0", "old_logprobs": "#fd8d3c", "score": "#31a354", "reward": "#756bb1",
-          "train": "#e6550d", "sync": "#636363", "driver": "#bdbdbd"}
+          "train": "#e6550d", "sync": "#636363", "driver": "#bdbdbd", "remote": "#bcbddc"}
 
 
 def figures(results: dict[str, ModeResult], profile: SimProfile, workload: Workload) -> dict:
@@ -36,16 +36,19 @@ def figures(results: dict[str, ModeResult], profile: SimProfile, workload: Workl
 
 def table(fig: dict) -> str:
     roles = [r for r in ROLES if any(r in s["util"] for s in fig["modes"].values())]
+    remote = remote_reward(fig)
     head = ("| mode | step (s) | per sample (ms) | speedup | rollout / scoring / training / sync+driver (s) "
-            "| chunk / Δ | carried groups | stale | " + " | ".join(f"{r} busy / idle (s)" for r in roles) + " |")
-    out = [head, "|" + "---|" * (8 + len(roles))]
+            + ("| reward wait (s) " if remote else "")
+            + "| chunk / Δ | carried groups | stale | " + " | ".join(f"{r} busy / idle (s)" for r in roles) + " |")
+    out = [head, "|" + "---|" * (8 + remote + len(roles))]
     for mode, s in fig["modes"].items():
         ph = s["phases_s"]
         plan = f"{s['chunk'] or '-'} / {s['delta']}"
         if len(s["plans"]) > 1:
             plan += " (" + ", ".join(f"{k}: {v}" for k, v in list(s["plans"].items())[:3]) + ")"
         cells = [mode, f"{s['step_s']:.3g}", f"{1e3 * s['per_sample_s']:.3g}", f"{s['speedup']:.2f}x",
-                 " / ".join(f"{ph[k]:.3g}" for k in ("rollout", "scoring", "training", "sync")), plan,
+                 " / ".join(f"{ph[k]:.3g}" for k in ("rollout", "scoring", "training", "sync")),
+                 *([f"{s.get('reward_wait_s', 0.0):.3g}"] if remote else []), plan,
                  f"{s['carried_unfinished_groups']:.1f}", f"{100 * s['stale_share']:.0f}%"]
         cells += [f"{s['busy_s'].get(r, 0):.3g} / {s['idle_s'].get(r, s['step_s']):.3g}" for r in roles]
         out.append("| " + " | ".join(cells) + " |")
@@ -57,9 +60,16 @@ def table(fig: dict) -> str:
             f"{w['max_new_tokens']} tokens; response length mean {rl['mean']:.0f}, p50 {rl['p50']:.0f}, "
             f"p90 {rl['p90']:.0f}, p99 {rl['p99']:.0f}. Chunk / Δ: the plan used most in the measured steps "
             "(others in brackets, chunk/Δ: steps). Busy: seconds a role computed per step (engines: per engine); "
-            "idle: the rest.",
+            "idle: the rest." + (" Reward wait: the part of the scoring spent waiting on the reward service "
+                                 f"({1e3 * fig['profile']['remote_per_seq_s']:.2f} ms a sequence) after the "
+                                 "sequences went out." if remote else ""),
             "", "Profile (" + fig["profile"]["source"] + "):", *[f"- {n}" for n in fig["profile"]["notes"]]]
     return "\n".join(out)
+
+
+def remote_reward(fig: dict) -> bool:
+    """Whether the profile has a reward service (older profiles and local rewards: no)."""
+    return fig["profile"].get("remote_per_seq_s", 0.0) > 0
 
 
 def gantt(results: dict[str, ModeResult], path: Path, max_engines: int = 2) -> Path:
@@ -140,6 +150,8 @@ def log_to_mlflow(logger_cfg, config, fig: dict, files: dict[str, Path], run_nam
             metrics.update({f"forecast/{mode}/step_s": s["step_s"], f"forecast/{mode}/speedup": s["speedup"],
                             f"forecast/{mode}/per_sample_s": s["per_sample_s"]})
             metrics.update({f"forecast/{mode}/util/{r}": u for r, u in s["util"].items()})
+            if remote_reward(fig):
+                metrics[f"forecast/{mode}/reward_wait_s"] = s["reward_wait_s"]
         run.log_metrics(metrics, step=0)
         for path in files.values():
             mlflow.log_artifact(str(path), "forecast")

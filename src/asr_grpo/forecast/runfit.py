@@ -11,6 +11,12 @@ step's rebuild and call overhead), by non-negative least squares. Steps that all
 alike cannot tell a from b: then a `round_fixed_share` of the mean round is taken as
 fixed (a stated prior). A benchmark summary (bench/overlap_speedup.py's JSON: phase
 means and length quantiles, no per-step series) gives one such step.
+
+A run that asked a reward service (`reward.remote.urls`) and logged the driver's wait on
+it (`perf/time/reward_wait`) has that wait fitted on its own: seconds per sequence
+sampled (the service's throughput, `cost_model.CostProfile.remote_per_seq_s`), the
+local scoring being the scoring wall less the wait. Any other run (a local reward file,
+whose wait is local work; an older run) keeps the wait inside the scoring, as before.
 """
 from __future__ import annotations
 
@@ -27,8 +33,9 @@ from asr_grpo.overlap.cost_model import fit_round_costs, nonneg_least_squares
 SERIES = {"decode_s": "perf/time/rollout_decode", "rounds": "overlap/decode_rounds", "rows": "overlap/rows_decoded",
           "scoring_s": "perf/time/scoring_wall", "training_s": "perf/time/training", "sync_s": "perf/time/sync",
           "step_s": "perf/time/step", "rollout_s": "perf/time/rollout",
-          "round_fixed_ms": "perf/decode/round_fixed_ms", "round_per_row_ms": "perf/decode/round_per_row_ms"}
-OPTIONAL = ("rollout_s", "sync_s", "round_fixed_ms", "round_per_row_ms")   # not logged by older runs
+          "round_fixed_ms": "perf/decode/round_fixed_ms", "round_per_row_ms": "perf/decode/round_per_row_ms",
+          "reward_wait_s": "perf/time/reward_wait"}
+OPTIONAL = ("rollout_s", "sync_s", "round_fixed_ms", "round_per_row_ms", "reward_wait_s")   # not logged by older runs
 LENGTHS = {"mean": "charts/response_length", "p50": "charts/response_length_p50",
            "p90": "charts/response_length_p90", "max": "charts/response_length_max"}
 Z90 = 1.2815515655446004   # standard normal 90th percentile
@@ -54,6 +61,13 @@ class RunFacts:
         value = self.raw(key)
         return str(value).lower() == "true" if kind is bool else kind(value)
 
+    @property
+    def remote_reward(self) -> bool:
+        """Whether the run asked a reward service (its wait is another machine's, which
+        streaming can hide) and logged how long it waited on it."""
+        return any(s.get("reward_wait_s", 0.0) > 0 for s in self.steps) \
+            and str(self.raw("reward.remote.urls")).strip() not in ("", "[]", "None", "null")
+
     def get_optional_int(self, key: str) -> int | None:
         """An integer setting whose null means "no limit" (logged as None)."""
         value = self.raw(key)
@@ -61,13 +75,21 @@ class RunFacts:
 
 
 def from_mlflow(run_id: str, tracking_uri: str, skip_steps: int = 1) -> RunFacts:
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
     from mlflow.tracking import MlflowClient
 
     from asr_grpo.tracking import absolute_tracking_uri
     from asr_grpo.tracking.runs import group_lengths, history
 
-    client = MlflowClient(absolute_tracking_uri(tracking_uri))
-    run = client.get_run(run_id)
+    uri = absolute_tracking_uri(tracking_uri)
+    client = MlflowClient(uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as e:   # a mistyped id or the wrong store: one line, not MLflow's traceback
+        if e.error_code != ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            raise
+        raise ValueError(f"run {run_id} not found in {uri}") from None
     mode = run.data.params.get("overlap.mode", run.data.tags.get("overlap", "none"))
     if mode != "none":
         raise ValueError(f"run {run_id} ran overlap={mode}: profile=run fits a serial (overlap=none) run")
@@ -106,7 +128,7 @@ def from_summary(path: str, workload: str = "", overrides: list[str] | None = No
     ph = summary["phases_s"]
     step = {"decode_s": ph.get("rollout_decode", ph["rollout"]), "rounds": rl["_max"], "rows": B * n * rl[""],
             "scoring_s": ph["scoring_wall"], "training_s": ph["training"], "sync_s": ph.get("sync", 0.0),
-            "step_s": summary["mean_step_s"], "rollout_s": ph["rollout"]}
+            "step_s": summary["mean_step_s"], "rollout_s": ph["rollout"], "reward_wait_s": ph.get("reward_wait", 0.0)}
     lengths = {"mean": rl[""], "p50": rl["_p50"], "p90": rl["_p90"], "max": rl["_max"]}
     gpu = any("gpu" in k for k in summary.get("system", {}))
     return RunFacts(f"{path} ({entry.get('workload')}, run {summary.get('run_id', '?')})", cfg, [step], lengths, gpu,
@@ -154,6 +176,7 @@ class Fit:
     sync_s: float
     other_s: float
     notes: list[str]
+    remote_per_seq_s: float = 0.0      # a reward service's seconds per sequence (0: no service)
 
 
 def trained_per_prompt(facts: RunFacts) -> int | None:
@@ -195,16 +218,25 @@ def fit(facts: RunFacts, round_fixed_share: float = 0.12, prompt_tokens: int = 6
             a, b, c = round_fixed_share * d / k, (1 - round_fixed_share) * d / w, 0.0
             notes.append(f"decode rounds: the steps decode alike (rows per round spread {spread:.0%}); a = "
                          f"{round_fixed_share:.0%} of the median round (stated prior), b the rest per row")
-    s0, s = linear(col("scoring_s"), scored)
+    # A reward service's wait is fitted per sequence sampled (it answers every sample,
+    # before any down-sampling), the local scoring on what is left of the wall: the split
+    # `CostFitter.observe_step` makes in a run, so a streaming plan can hide the one part.
+    waits = [s.get("reward_wait_s", 0.0) if facts.remote_reward else 0.0 for s in steps]
+    remote = statistics.median(w / (groups * n) for w in waits)
+    s0, s = linear([max(0.0, sc - w) for sc, w in zip(col("scoring_s"), waits)], scored)
     t0, t = linear(col("training_s"), trained)
     other = statistics.median(max(0.0, st["step_s"] - st.get("rollout_s", st["decode_s"]) - st["scoring_s"]
                                   - st["training_s"] - st["sync_s"]) for st in steps)
+    if remote:
+        notes.append(f"reward service: {1e3 * remote:.2f} ms a sequence (median perf/time/reward_wait "
+                     f"{statistics.median(waits):.3f} s over {groups * n} sequences sampled a step), apart from "
+                     "the local scoring; streaming plans send each sequence when the decode call it finished in ends")
     dropped = len(steps) - len(keep)
     notes.append(f"decode round = {1e3 * a:.3f} ms + {1e3 * b:.4f} ms/row; rebuild {1e3 * c:.1f} ms/step; "
                  f"scoring {1e3 * s0:.1f} ms + {1e6 * s:.1f} us/token; training {1e3 * t0:.1f} ms + "
                  f"{1e6 * t:.1f} us/token, tokens of prompt ({prompt_tokens}) + response ({len(steps)} step(s)"
                  + (f"; the decode of {dropped} slow step(s) left out" if dropped else "") + ")")
-    return Fit(a, b, c, s0, s, t0, t, statistics.median(col("sync_s")), other, notes)
+    return Fit(a, b, c, s0, s, t0, t, statistics.median(col("sync_s")), other, notes, remote)
 
 
 # A step whose phase took this much longer per unit of work than the run's median is a

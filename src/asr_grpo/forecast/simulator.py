@@ -7,7 +7,13 @@ After the rollout (the virtual now, when the last decode call ended):
   2. each scorer scores what streaming did not cover, after its streamed calls;
      streamed work still queued on the rollout GPUs runs there first (the drain);
   3. the rule rewards follow the LM reward model's scores (CPU);
-  4. training starts when every score is in: actor and critic at once, taking turns
+  4. a reward service (`remote_per_seq_s`), as `cost_model.remote_wait` models it: one
+     slot drains the sequences at r seconds each (`service_drain`); under streaming plans
+     each is sent when the decode call it finished in ends (the scheduler's
+     `on_finished`, as the recipe wires it), otherwise all at once after the decode (after
+     the LM reward model's scores, which such a reward takes); the wait left when they
+     are sent is added to the step's scoring;
+  5. training starts when every score is in: actor and critic at once, taking turns
      where they share GPUs; then the weight sync, then the driver's fixed work.
 Work on one device group runs one job at a time, in the order it was sent.
 The scheduler's `end_step` gets the step's simulated phase times and the engines'
@@ -26,6 +32,7 @@ from asr_grpo.forecast.costs import SimProfile
 from asr_grpo.forecast.hosts import SimEngine, SimHost
 from asr_grpo.forecast.scorers import SimScorer
 from asr_grpo.forecast.workload import Workload
+from asr_grpo.overlap.cost_model import service_drain
 from asr_grpo.overlap.local_group import LocalGroup
 from asr_grpo.overlap.scheduler import RolloutScheduler
 
@@ -53,6 +60,7 @@ class StepRecord:
     samples_of: dict[str, list[tuple[str, int, str]]]   # group uid -> (sample uid, tokens, finish reason)
     busy: dict[str, float]              # role -> busy seconds this step (per GPU of its group)
     spans: list[Span] = field(default_factory=list)
+    reward_wait: float = 0.0            # seconds the step's scoring waited on the reward service
 
     @property
     def step_s(self) -> float:
@@ -103,15 +111,41 @@ class Simulation:
                 lane, contended, hidden = self.dev_lanes[cost.device], [], 1.0
             self.scorers[role] = SimScorer(role, cost, workload, clock, lane, profile.stream_call_s, contended, hidden)
         groups = {SCORER_NAMES[r]: LocalGroup([s]) for r, s in self.scorers.items()}
+        # A reward service is asked as sequences finish unless the reward takes the LM
+        # reward model's scores (they come after the rollout): `recipes/rl.py`'s rule.
+        self.service = Lane("reward service")
+        self._sent: list[float] = []    # when this step's sequences went to the service
+        self._asked: set[str] = set()   # sequences already sent (carried groups' ones in earlier steps)
+        streams_rewards = profile.remote_per_seq_s > 0 and "reward_model" not in profile.roles
         # The cost-model planner's first guess, as the recipe makes it: scorers on GPUs of
         # their own hide everything; sharing the engines' GPUs, the placement's share.
         prior = profile.stream_hidden if self.stream_lanes else 1.0
         self.scheduler = RolloutScheduler(mode_config(overlap_cfg, mode), workload.B, LocalGroup(self.hosts), groups,
                                           frozen_scorers=FROZEN, stream_hidden_prior=prior,
-                                          resolve=make_resolve(clock), clock=lambda: clock.now)
+                                          resolve=make_resolve(clock), clock=lambda: clock.now,
+                                          on_finished=self._send_finished if streams_rewards else None)
         self._source = workload.source()
 
     # ---- one step --------------------------------------------------------------------------
+    def _send_finished(self, groups, seqs) -> None:
+        """The scheduler's `on_finished`: at the end of the decode call they finished in."""
+        fresh = [s.uid for s in seqs if s.uid not in self._asked]
+        self._asked.update(fresh)
+        self._sent += [self.clock.now] * len(fresh)
+
+    def _reward_wait(self, seqs, sent_at: float) -> float:
+        """The service's wait left at `sent_at`, when the rest of the step's sequences go
+        out. A step waits for all it sent (the last call holds trained sequences, and one
+        slot answers in order), so the service starts every step idle."""
+        rest = [s.uid for s in seqs if s.uid not in self._asked]
+        arrivals, self._sent = self._sent + [sent_at] * len(rest), []
+        self._asked.difference_update(s.uid for s in seqs)
+        if self.profile.remote_per_seq_s <= 0 or not arrivals:
+            return 0.0
+        drained = service_drain(arrivals, self.profile.remote_per_seq_s)
+        self.service.record("", "remote", min(arrivals), drained)
+        return max(0.0, drained - sent_at)
+
     def step(self, step: int) -> StepRecord:
         p, clock = self.profile, self.clock
         t0 = clock.now
@@ -151,7 +185,10 @@ class Simulation:
             if role == "reward_model":
                 lm_done = end
         ends.append(self.cpu.run(lm_done, p.reward_per_sample_s * len(seqs), "reward", "reward"))
-        scoring_end = max(ends)
+        # Added to the local scoring, not overlapped with it: the run fit took the local
+        # scoring as the wall less this wait, and `cost_model.predict` adds them the same way.
+        wait = self._reward_wait(seqs, lm_done if "reward_model" in p.roles else t_r)
+        scoring_end = max(ends) + wait
         train_ends = [scoring_end]
         for role in ("actor", "critic"):
             cost = p.roles.get(role)
@@ -164,7 +201,8 @@ class Simulation:
         clock.advance_to(end)
         metrics = {"perf/time/step": end - t0, "perf/time/rollout": t_r - t0,
                    "perf/time/scoring_wall": scoring_end - t_r, "perf/time/training": training_end - scoring_end,
-                   "perf/time/sync": end - training_end, "reward/total": reward_at(step, self.trend)}
+                   "perf/time/sync": end - training_end, "perf/time/reward_wait": wait,
+                   "reward/total": reward_at(step, self.trend)}
         self.scheduler.end_step(step, metrics)
         for h in self.hosts:
             h.set_policy_version(step + 1)   # what the weight sync does: carried sequences rebuild
@@ -176,7 +214,7 @@ class Simulation:
                           m["overlap/carried_unfinished_groups"],
                           int(round(m["overlap/staleness_frac_ge1"] * len(seqs))), [g.uid for g in ro.groups],
                           {g: [(s.uid, len(s.tokens), s.finish_reason) for s in rs] for g, rs in ro.results.items()},
-                          self._busy(spans), spans)
+                          self._busy(spans), spans, wait)
 
     def run(self, steps: int) -> list[StepRecord]:
         return [self.step(k) for k in range(steps)]
@@ -184,7 +222,7 @@ class Simulation:
     # ---- bookkeeping ----------------------------------------------------------------------
     def _lanes(self) -> list[Lane]:
         return [h.engine.lane for h in self.hosts] + list(self.stream_lanes.values()) \
-            + list(self.dev_lanes.values()) + [self.cpu]
+            + list(self.dev_lanes.values()) + [self.cpu, self.service]
 
     def _busy(self, spans: list[Span]) -> dict[str, float]:
         """Busy seconds per role; an engine's time counts as its share of the engines."""
@@ -219,6 +257,7 @@ class ModeResult:
         (chunk, delta), _ = plans.most_common(1)[0]
         return {"step_s": step_s, "mean_step_s": wall, "per_sample_s": step_s / samples, "samples_per_step": samples,
                 "phases_s": {k: med([s.phases()[k] for s in steps]) for k in PHASES},
+                "reward_wait_s": med([s.reward_wait for s in steps]),
                 "busy_s": busy, "util": {r: b / wall for r, b in busy.items()},
                 "idle_s": {r: max(0.0, wall - b) for r, b in busy.items()},
                 "chunk": chunk, "delta": delta,
