@@ -58,6 +58,7 @@ class StepObservation:
     mean_reward: float = float("nan")
     decoded: bool = True
     admitted: list[str] = field(default_factory=list)   # uids of the groups that entered the buffer
+    reward_wait_s: float = 0.0   # time blocked on reward results (perf/time/reward_wait)
 
 
 def merge_decode_stats(parts: list[dict]) -> dict:
@@ -129,8 +130,11 @@ class TrialPlanner:
 class CostModelPlanner:
 
     def __init__(self, cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0,
-                 streams: bool = True, overcommits: bool = True):
+                 streams: bool = True, overcommits: bool = True, streams_rewards: bool = False):
         self.B = prompts_per_step
+        # Rewards from a service go out as sequences finish under streaming plans: the
+        # fit then models the service's wait apart from the local scoring.
+        self.streams_rewards = streams_rewards and streams
         self.chunks = sorted({int(c) for c in cfg.chunk_candidates if int(c) > 0}) if streams else []
         self.overcommits = overcommits
         self.warmup = int(cfg.cost_model_warmup)
@@ -170,11 +174,14 @@ class CostModelPlanner:
                             training_s=obs.training_s, fixed_s=max(0.0, obs.step_s - decode_s - obs.scoring_s
                                                                    - obs.training_s),
                             samples=obs.samples, trained_tokens=trained_tokens,
-                            predicted_decode_s=predicted_decode, streamed_work_s=streamed_work)
+                            predicted_decode_s=predicted_decode, streamed_work_s=streamed_work,
+                            remote_wait_s=obs.reward_wait_s,
+                            remote_sequences=obs.samples if self.streams_rewards else 0)
         costs = fitter.profile()
         out.update({"overlap/cost/round_fixed_ms": 1e3 * costs.round_fixed_s,
                     "overlap/cost/round_per_row_ms": 1e3 * costs.round_per_row_s,
                     "overlap/cost/stream_hidden": costs.stream_hidden,
+                    "overlap/cost/remote_per_seq_ms": 1e3 * costs.remote_per_seq_s,
                     "overlap/cost/measured_step_s": obs.step_s})
         if obs.plan.predicted_s is not None and math.isfinite(obs.plan.predicted_s):
             out["overlap/cost/prediction_error"] = obs.plan.predicted_s / obs.step_s - 1.0 if obs.step_s else 0.0
@@ -252,5 +259,5 @@ def make_planner(cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0,
     if cfg.controller == "trial":
         return TrialPlanner(cfg, streams)
     if cfg.controller == "cost_model":
-        return CostModelPlanner(cfg, prompts_per_step, stream_hidden_prior, streams, overcommits)
+        return CostModelPlanner(cfg, prompts_per_step, stream_hidden_prior, streams, overcommits, streams_rewards)
     raise ValueError(f"overlap.controller={cfg.controller!r}: expected cost_model, trial or fixed")

@@ -105,6 +105,10 @@ class StepRollout:
     streamed: dict[str, StreamedScores]             # scorer -> its scores of those sequences
     metrics: dict[str, float]
     admitted: list[str] = field(default_factory=list)   # uids of the groups that entered the buffer this step
+    # Wall-clock (time.time()) start and end of the step's decoding: with each sample's
+    # `finished_at`, when its reward could have been asked for.
+    started_at: float = 0.0
+    decoded_at: float = 0.0
     plan: StepPlan | None = None   # what the step ran with (the mode's bounds applied): the run's plan record
 
     @property
@@ -118,6 +122,7 @@ class RolloutScheduler:
                  restore_host: Callable[[int], None] | None = None, frozen_scorers: Iterable[str] = (),
                  stream_hidden_prior: float = 0.0, resolve: Callable = ray.get,
                  clock: Callable[[], float] = time.monotonic,
+                 on_finished: Callable[[list[PromptGroup], list[SequenceResult]], None] | None = None,
                  recorded_plans: Mapping[int, dict] | None = None):
         self.mode = overlap_cfg.mode
         if self.mode not in MODES:
@@ -130,11 +135,15 @@ class RolloutScheduler:
         self.restore_host = restore_host
         self.host_restarts = 0
         self.scorers = dict(scorers or {}) if self.streaming else {}
+        # Streamed rewards (a reward service): called once per decoded chunk with the
+        # sequences that finished in it, so their rewards are requested at once.
+        self.on_finished = on_finished if self.streaming else None
         # Scorers whose weights never change (reference, reward model) keep the caches
         # of carried sequences across steps; the others re-prefill them.
         self.frozen = set(frozen_scorers) & set(self.scorers)
         # recorded_plans: `overlap.replay_plan`'s record (the caller reads it from MLflow).
-        self.planner = make_planner(overlap_cfg, prompts_per_step, stream_hidden_prior, recorded_plans)
+        self.planner = make_planner(overlap_cfg, prompts_per_step, stream_hidden_prior, recorded_plans,
+                                    streams_rewards=self.on_finished is not None)
         self.stop_check_every = int(overlap_cfg.stop_check_every)
         self.recheck_tokens = int(overlap_cfg.chunk_size)
         self.buffer: list[BufferedGroup] = []
@@ -155,14 +164,14 @@ class RolloutScheduler:
         plan = self.planner.plan(step)
         # The mode bounds what a planner may ask for: no streaming without scorers to
         # stream to, no overcommit outside inter/oppo.
-        return StepPlan(plan.chunk if self.streaming and self.scorers else None,
+        return StepPlan(plan.chunk if self.streaming and (self.scorers or self.on_finished) else None,
                         plan.delta if self.overcommit else 0, plan.predicted_s)
 
     # ---- one step ----------------------------------------------------------------------
     def rollout(self, step: int, new_groups: Callable[[int], list[PromptGroup]]) -> StepRollout:
         """Refill the buffer to B + Δ, decode until B groups are finished (all of them
         without overcommit), hand those over; the rest stays for the next step."""
-        t0 = self._clock()
+        t0, started_at = self._clock(), time.time()
         plan = self._plan = self.plan_for(step)
         chunk, delta = plan.chunk, plan.delta
         self._begin_scorers(streaming=chunk is not None)
@@ -190,13 +199,15 @@ class RolloutScheduler:
             self.tick, ticks, rows = self.tick + call_ticks, ticks + call_ticks, rows + sum(gained.values())
             if chunk is not None:
                 self._stream(touched)
+                self._send_finished(touched)
         t_decoded = self._clock()
         chosen = self._select()
         streamed = self._hand_over_streamed(chosen)
         results = {e.group.uid: e.results() for e in chosen}
         staleness = [step - min(s.versions) for rs in results.values() for s in rs if s.versions]
         carried_unfinished = sum(not e.done for e in self.buffer)
-        out = StepRollout([e.group for e in chosen], results, streamed, {}, [g.uid for g in admitted], plan=plan)
+        out = StepRollout([e.group for e in chosen], results, streamed, {}, [g.uid for g in admitted],
+                          started_at, time.time(), plan)
         self._step_info = {"decoded": ticks > 0, "samples": sum(len(rs) for rs in results.values()),
                            "lengths": out.lengths, "prompts": [len(e.group.prompt_ids) for e in chosen],
                            "decode_s": t_decoded - t0, "admitted": out.admitted}
@@ -227,7 +238,8 @@ class RolloutScheduler:
                               samples=self._step_info.get("samples", 0),
                               mean_reward=metrics.get("reward/total", float("nan")),
                               decoded=self._step_info.get("decoded", False),
-                              admitted=self._step_info.get("admitted", []))
+                              admitted=self._step_info.get("admitted", []),
+                              reward_wait_s=metrics.get("perf/time/reward_wait", 0.0))
         rounds_s = sum(secs for _, secs in stats["rounds"].values())
         # This step's round cost as a + b·live rows, whatever the planner: a serial run
         # logs what the forecast's profile=run needs without inferring it from totals.
@@ -388,6 +400,13 @@ class RolloutScheduler:
                 if feed[rank] or register[rank]:
                     self._pending[name].append(
                         scorer.call_rank(rank, "stream", register[rank], feed[rank], finish[rank]))
+
+    def _send_finished(self, touched: list[SequenceResult]) -> None:
+        finished = [r for r in touched if r.done]
+        if self.on_finished is None or not finished:
+            return
+        entries = {e.group.uid: e.group for e in self.buffer}
+        self.on_finished(list({r.group: entries[r.group] for r in finished}.values()), finished)
 
     def _hand_over_streamed(self, chosen: list[BufferedGroup]) -> dict[str, StreamedScores]:
         """This step's scorer calls go to the experience maker. Sequences that finished

@@ -46,6 +46,7 @@ from asr_grpo.tracking.runs import GROUP_LENGTHS
 from asr_grpo.workers.critic import CriticRole
 from asr_grpo.workers.policy import PolicyRole
 from asr_grpo.workers.reference import ReferenceRole
+from asr_grpo.workers.remote_reward import RemoteRewardWorker
 from asr_grpo.workers.reward import RewardWorker
 from asr_grpo.workers.reward_model import RewardModelRole
 from asr_grpo.workers.rollout import rollout_ranks, rollout_role_spec, sync_backend
@@ -112,9 +113,14 @@ class RLRecipe:
         self.policy = mk("actor", PolicyRole, cfg=cfg_dict, optimizer_steps=opt_steps)
         self.ref = mk("ref", ReferenceRole, cfg=cfg_dict) if counts["ref"] else None
         self.critic = mk("critic", CriticRole, cfg=cfg_dict, optimizer_steps=opt_steps) if counts["critic"] else None
-        self.reward = mk("reward", RewardWorker, reward_file=cfg.reward.reward_file,
-                         weights=dict(cfg.reward.weights), timeout_s=cfg.reward.timeout_s,
-                         on_bad_reward=cfg.reward.on_bad_reward)
+        self.remote_reward = bool(cfg.reward.remote.urls)
+        if self.remote_reward:
+            self.reward = mk("reward", RemoteRewardWorker, remote=cfg_dict["reward"]["remote"],
+                             weights=dict(cfg.reward.weights), on_bad_reward=cfg.reward.on_bad_reward, seed=cfg.seed)
+        else:
+            self.reward = mk("reward", RewardWorker, reward_file=cfg.reward.reward_file,
+                             weights=dict(cfg.reward.weights), timeout_s=cfg.reward.timeout_s,
+                             on_bad_reward=cfg.reward.on_bad_reward)
         self.reward_model = mk("reward_model", RewardModelRole, cfg=cfg_dict) if use_lm else None
         self.rollout_group = None
         if self.separate_rollout:
@@ -132,12 +138,17 @@ class RLRecipe:
         scorers = {name: g for name, g in (("ref", self.ref), ("values", self.critic), ("lm", self.reward_model))
                    if g is not None}
         restore = self._restore_rollout_worker if self.rollout_group is not None else None
+        self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward,
+                                     self.reward_model)
+        # A reward service is asked as sequences finish (under streaming plans): its wait
+        # is on another machine, so it hides under the decode. A local reward file is
+        # asked after the rollout (its work would share the decode's cores); so is a
+        # reward that takes the LM reward model's scores (they come after the rollout).
+        on_finished = self.maker.submit_finished if self.remote_reward and not use_lm else None
         self.scheduler = RolloutScheduler(cfg.overlap, cfg.trainer.prompts_per_step, hosts, scorers,
                                           restore_host=restore,
                                           frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg),
-                                          recorded_plans=recorded_plans)
-        self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward,
-                                     self.reward_model)
+                                          on_finished=on_finished, recorded_plans=recorded_plans)
         self.placement = {g.role: g.placement_report() for g in self.groups}
         self._pids = {g.role: g.pids() for g in self.groups if g.restartable}
         self.restarts = {role: 0 for role in self._pids}
@@ -443,8 +454,9 @@ def placement_params(report: dict) -> dict[str, str]:
     return out
 
 
-def run_rl(cfg: RunConfig | DictConfig, run_name: str = "rl", tags: dict | None = None) -> dict:
-    recipe = RLRecipe(cfg, run_name, tags)
+def run_rl(cfg: RunConfig | DictConfig, run_name: str = "rl", tags: dict | None = None,
+           step_callbacks: list[Callable[[TrainedStep], None]] | None = None) -> dict:
+    recipe = RLRecipe(cfg, run_name, tags, step_callbacks)
     try:
         recipe.setup()
         return recipe.train()
