@@ -72,10 +72,11 @@ class StepRecord:
 
 
 def mode_config(overlap_cfg, mode: str):
-    """The run's overlap config with `mode` set (the scheduler and planner read it)."""
+    """The run's overlap config with `mode` set (the scheduler and planner read it). A
+    replayed run's record is not what the forecast asks about: its planners plan."""
     plain = OmegaConf.to_container(overlap_cfg, resolve=True) if OmegaConf.is_config(overlap_cfg) \
         else dataclasses.asdict(overlap_cfg)
-    return OmegaConf.create({**plain, "mode": mode})
+    return OmegaConf.create({**plain, "mode": mode, "replay_plan": ""})
 
 
 def reward_at(step: int, trend: str) -> float:
