@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # torch first, pinned to the CPU wheel on disk: an unpinned torch pulls a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: help install run bench sweep compare sft test test-fast clean-outputs
+.PHONY: help install run bench bench-remote sweep compare sft test test-fast clean-outputs
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -23,6 +23,9 @@ run: install  ## the main job on the embedded default: GRPO + OPPO overlap from 
 
 bench: install  ## OPPO speedup benchmark, default workload (~25 min on 2 cores): none|intra|inter|oppo -> bench/results/cpu_2core/
 	$(PY) bench/overlap_speedup.py --workloads default --out bench/results/cpu_2core
+
+bench-remote: install  ## overlap with a reward served by another machine (~45 min on 2 cores): none|oppo x 3 service settings, with intervals -> bench/results/cpu_2core_remote_reward/
+	$(PY) bench/remote_reward.py
 
 sweep: install  ## the speedup study as a Hydra sweep: overlap none|oppo x placement x seed 0|1 (8 MLflow runs)
 	$(PY) -m asr_grpo.run -m experiment=speedup
