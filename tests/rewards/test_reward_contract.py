@@ -167,9 +167,11 @@ def test_validate_config_refuses_an_unworkable_reward_file(tmp_path):
 
 def test_validate_config_loads_a_classic_file_and_skips_a_served_reward(tmp_path):
     validate_config(_compose([f"reward.reward_file={write(tmp_path, CLASSIC)}"]))
-    # With reward.remote.urls the file is not used, so not loaded.
     cfg = _compose([f"reward.reward_file={tmp_path / 'missing.py'}"])
     with pytest.raises(ConfigError, match=r"missing\.py: not found"):
         validate_config(cfg)
+    # With reward.remote.urls the file is not loaded; setting both is refused as ambiguous.
     cfg.reward.remote.urls = ["http://127.0.0.1:9"]
-    validate_config(cfg)
+    with pytest.raises(ConfigError, match="both set") as err:
+        validate_config(cfg)
+    assert "not found" not in str(err.value)
