@@ -116,21 +116,21 @@ def analyse(name: str, setting: tuple, runs: dict[str, list[dict]], timelines: d
             warmup: int, window: int, forecast: dict | None) -> dict:
     base = report(f"remote_reward/{name}", [*WORKLOAD], runs, window)
     serial = [[r for r in tl if r["step"] + 1 > warmup] for tl in timelines["none"]]
-    ideal = [[ideal_step(r, setting)[0] for r in tl] for tl in serial]
+    ideals = [[ideal_step(r, setting) for r in tl] for tl in serial]   # (ideal step, exposed wait)
     actual = [[r["perf/time/step"] for r in tl] for tl in serial]
-    ideal_ci = speedup_ci(actual, ideal, paired=True)
+    ideal_ci = speedup_ci(actual, [[step for step, _ in tl] for tl in ideals], paired=True)
+    per_step = len(serial[0][0]["finished_at"]) if serial and serial[0] else 0
     base.update({
         "setting": {"seconds_per_sequence": setting[0], "slots": setting[1], "one_way_latency_s": setting[2],
                     "sequences_per_second": setting[1] / setting[0] if setting[0] else None},
         "serial_reward_wait_s": median([r["perf/time/reward_wait"] for tl in serial for r in tl]),
-        "nominal_serial_wait_s": None,
+        # what the service alone adds to a serial step: every sequence through its slots, one round trip
+        "nominal_serial_wait_s": per_step * setting[0] / setting[1] + 2 * setting[2],
         "ideal_speedup": ideal_ci.to_dict(),
-        "ideal_exposed_wait_s": median([ideal_step(r, setting)[1] for tl in serial for r in tl]),
+        "ideal_exposed_wait_s": median([exposed for tl in ideals for _, exposed in tl]),
         "finish_spread": finish_spread([r for tl in serial for r in tl]),
         "forecast": forecast,
     })
-    per_step = len(serial[0][0]["finished_at"]) if serial and serial[0] else 0
-    base["nominal_serial_wait_s"] = per_step * setting[0] / setting[1] + 2 * setting[2]
     for mode, rows in base["modes"].items():
         mode_ci = speedup_ci([[r["perf/time/step"] for r in tl if r["step"] + 1 > warmup] for tl in timelines["none"]],
                              [[r["perf/time/step"] for r in tl if r["step"] + 1 > warmup] for tl in timelines[mode]])
@@ -232,7 +232,6 @@ def main() -> None:
             judge.wait(30)
         results.append(analyse(name, setting, runs, timelines, args.warmup, args.window, forecast))
         (out / "remote_reward.json").write_text(json.dumps(results, indent=1))
-        (out / "timelines.json").write_text(json.dumps({"stamp": stamp}, indent=1))
         (out / "remote_reward.md").write_text(markdown(results))
     print(markdown(results))
 
