@@ -1,7 +1,7 @@
 """The serial GRPO step (`overlap=none`) in one process, without Ray or DeepSpeed: the
 lower bound the Ray + DeepSpeed serial baseline is measured against.
 
-    .venv/bin/python bench/bare_loop.py                        # default config -> bench/results/bare_loop.json
+    .venv/bin/python bench/bare_loop.py             # -> bench/results/cpu_2core_serial_step/bare_loop.json
     .venv/bin/python bench/bare_loop.py debug=fast paths.output_root=/tmp/bare_dbg --steps 2 --warmup 1 \
         --out /tmp/bare_dbg/bare_loop.json
 
@@ -33,6 +33,8 @@ import zlib
 from pathlib import Path
 
 import torch
+
+from portable import portable
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("rollout", "scoring", "training", "sync")
@@ -124,8 +126,8 @@ class BareStep:
         from asr_grpo.recipes.rl import RLRecipe, optimizer_steps_per_rl_step
         from asr_grpo.recipes.start_checkpoint import prepare_start_checkpoint
         from asr_grpo.rollout import HFChunkedEngine
-        from asr_grpo.workers.base import seed_rngs
         from asr_grpo.workers.reward import RewardWorker
+        from asr_grpo.workers.rng import seed_rngs
         from asr_grpo.workers.rollout_host import sampling_params
 
         validate_config(cfg)
@@ -279,13 +281,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=30, help="measured steps")
     ap.add_argument("--warmup", type=int, default=3, help="steps run first and left out of the summary")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "bare_loop.json")
+    ap.add_argument("--out", type=Path,
+                    default=REPO / "bench" / "results" / "cpu_2core_serial_step" / "bare_loop.json")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for `python -m asr_grpo.run`")
     args = ap.parse_intermixed_args(argv)   # overrides before or after the options
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     overrides, cfg = compose(args.overrides)
     load_before = os.getloadavg()
-    result = {"command": " ".join(["python", "bench/bare_loop.py", *(argv if argv is not None else sys.argv[1:])]),
+    command = " ".join(["python", "bench/bare_loop.py", *(argv if argv is not None else sys.argv[1:])])
+    result = {"command": portable(command),
               "overrides": overrides,
               **run_bare_loop(cfg, args.steps, args.warmup, args.threads)}
     # Other processes on these cores inflate the times: the 1-min load average says how much.

@@ -2,7 +2,8 @@
 to the OPPO paper.
 
     python bench/forecast_validation.py            # (a) paper setup, (b) seed scenario, (c) H200 oppo from none
-    python bench/forecast_validation.py --cpu-benchmark bench/results/cpu_2core*/overlap_speedup.json \\
+    python bench/forecast_validation.py --skip-scenarios \\
+        --cpu-benchmark bench/results/cpu_2core{,_longform,_longtail}/overlap_speedup.json \\
         [--tracking-uri sqlite:///outputs/mlflow.db]   # (d) adds the CPU benchmark: every mode from its `none` runs
 
     python bench/forecast_validation.py --remote-predict <none run id> --prediction-out PATH \
@@ -10,9 +11,9 @@ to the OPPO paper.
     python bench/forecast_validation.py --remote-validate bench/results/cpu_2core_remote_reward/remote_reward.json \
         [--remote-none [SETTING=]<none run id or prediction JSON> ...]   # (e): predicted vs measured
 
-Writes bench/results/forecast_validation.{json,md} (--out to change); --cpu-benchmark merges
-into an existing JSON, so (a)-(c) need not run again (--skip-scenarios); --remote-validate
-merges its section without running them.
+Writes bench/results/sim_forecast_validation/forecast_validation.{json,md} (--out to change);
+--cpu-benchmark merges into an existing JSON, so (a)-(c) need not run again (--skip-scenarios);
+--remote-validate merges its section without running them.
 
 (a) The OPPO paper's main setup (forecast_scenario=paper_ppo_7b: Qwen2.5-7B actor with a
     value head, a 7B reward model, 8 H200s as 7 + 1, batch 112, long-tailed responses),
@@ -48,6 +49,8 @@ import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from portable import portable
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = {"intra": (1.2, 1.3), "inter": (1.6, 2.06), "oppo": (1.8, 2.8)}
@@ -196,7 +199,7 @@ def h200_oppo_from_none() -> dict:
             profile, workload = run_profile(cfg, fa, {"round_fixed_s": rc["round_fixed_s"],
                                                       "round_per_row_s": rc["round_per_row_s"],
                                                       "rebuild_s": rc["per_call_s"] * B, "source": fit_name})
-            got = {"notes": profile.notes}
+            got = {"notes": [portable(n) for n in profile.notes]}
             for how in ("planner", "replay"):
                 sims = {}
                 for mode in ("none", "oppo"):
@@ -542,7 +545,8 @@ def markdown(res: dict) -> str:
         out += ["", cpu_discussion(res["cpu_benchmark"]), ""]
     else:
         out += ["## (d) The CPU benchmark", "", "Not yet run: `python bench/forecast_validation.py --cpu-benchmark "
-                "bench/results/overlap_speedup.json --skip-scenarios` once the benchmark has finished.", ""]
+                "bench/results/cpu_2core/overlap_speedup.json --skip-scenarios` once the benchmark has "
+                "finished.", ""]
     out += remote_markdown(res.get("remote_reward"))
     return "\n".join(out)
 
@@ -571,7 +575,8 @@ def _plans(plans) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(REPO / "bench/results/forecast_validation"), help="path without .json/.md")
+    ap.add_argument("--out", default=str(REPO / "bench/results/sim_forecast_validation/forecast_validation"),
+                    help="path without .json/.md")
     ap.add_argument("--cpu-benchmark", nargs="+", help="bench/overlap_speedup.py JSONs (MLflow run ids per mode)")
     ap.add_argument("--tracking-uri", help="MLflow store of the runs (default: <output root>/mlflow.db)")
     ap.add_argument("--output-root", default=str(REPO / "outputs"), help="the runs' paths.output_root")

@@ -21,6 +21,7 @@ import json
 from mlflow.tracking import MlflowClient
 
 from asr_grpo.tracking.runs import experiment_runs, history, mean
+from portable import portable
 
 EVAL_SETS = {"dev": "eval/cer", "heldout_voices": "eval/heldout_voices/cer"}
 # A run with trainer.ema_decay > 0 also evaluates its weight average: the same sets under ema/.
@@ -53,7 +54,7 @@ def run_quality(client: MlflowClient, run, budget_min: float, last: int, window:
     rid = run.info.run_id
     wall = history(client, rid, "perf/wall_clock")
     minutes_at = {0: 0.0, **{s: v / 60 for s, v in wall.items()}}
-    row = {"run_id": rid, "run_name": run.info.run_name, "seed": run.data.params.get("seed"),
+    row = {"run_id": rid, "run_name": portable(run.info.run_name), "seed": run.data.params.get("seed"),
            "steps": max(wall, default=0), "minutes": round(max(wall.values(), default=0) / 60, 1)}
     for name, key in EVAL_SETS.items():
         for suffix in ("", *(f"/{lang}" for lang in LANGUAGES)):

@@ -6,7 +6,7 @@
 # three evaluations inside 45 minutes, overall, per language and on unseen voices, and
 # the reward's components early and late.
 #
-#   bash bench/rl_quality.sh [OUT_DIR] [SEED ...]          (default: bench/results/rl_quality 0 1 2)
+#   bash bench/rl_quality.sh [OUT_DIR] [SEED ...]          (default: bench/results/cpu_2core_rl_quality 0 1 2)
 #   OVERRIDES="algorithm.temperature=1.0" bash bench/rl_quality.sh ...   # a variant of the recipe
 #   KEEP=OUT_DIR/quality.json bash bench/rl_quality.sh OUT_DIR 1   # add a seed to a table whose runs
 #                                                    # this MLflow store no longer holds
@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-OUT=${1:-bench/results/rl_quality}
+OUT=${1:-bench/results/cpu_2core_rl_quality}
 shift || true
 SEEDS=("$@")
 [ ${#SEEDS[@]} -gt 0 ] || SEEDS=(0 1 2)

@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from portable import portable
+
 REPO = Path(__file__).resolve().parents[1]
 # PPO with the LM reward model: every streaming scorer (reference, critic, text LM) in play.
 WORKLOAD = ["algorithm=ppo", "reward=asr_lm", "overlap=oppo", "trainer.eval_every=0", "trainer.save_every=0"]
@@ -173,7 +175,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--delta-max", type=int, default=4)
     ap.add_argument("--fast", action="store_true", help="debug=fast in a temporary folder")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu_2core_soak_memory"))
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     args = ap.parse_args()
     d = args.delta_max
@@ -182,7 +184,7 @@ def main() -> None:
     if args.fast:
         overrides = ["debug=fast", f"paths.output_root={tempfile.mkdtemp(prefix='soak-')}", *overrides]
     overrides += args.overrides
-    result = summarize(soak(overrides, args.steps), overrides)
+    result = summarize(soak(overrides, args.steps), [portable(o) for o in overrides])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "soak_memory.json").write_text(json.dumps(result, indent=2))
