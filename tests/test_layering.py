@@ -1,8 +1,15 @@
 """The import graph follows the layers of docs/architecture.md: a module imports only from
-its own layer or the ones below, lazy imports inside functions included."""
+its own layer or the ones below, lazy imports inside functions included. The scheduler
+and the forecast (`overlap/`, `forecast/`) also keep clear of Ray and of model code, so
+the forecast runs without either: checked here file by file, and in a fresh interpreter
+that runs `python -m asr_grpo.forecast`."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,12 +26,17 @@ LAYERS = [
     {"distributed"},
     {"experience", "evaluation", "serving"},
     {"overlap"},
-    {"workers"},
     {"forecast"},
+    {"workers"},
     {"recipes"},
     {"run", "sft", "compare", "sweep"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+# What the scheduler and the forecast never import: Ray and the Ray layers, model code.
+RAY_AND_MODEL_FREE = {"overlap", "forecast"}
+BANNED = ("ray", "transformers", "vllm", "deepspeed", "asr_grpo.models", "asr_grpo.distributed",
+          "asr_grpo.workers")
 
 
 def unit_of(path: Path) -> str:
@@ -33,21 +45,25 @@ def unit_of(path: Path) -> str:
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
-def imported_units(path: Path) -> set[tuple[str, int]]:
-    """(unit, line) of every `asr_grpo.<unit>` import in the file, wherever it stands."""
+def imported_modules(path: Path) -> set[tuple[str, int]]:
+    """(module, line) of every absolute import in the file, wherever it stands."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            found.update((a.name, node.lineno) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "asr_grpo" and len(parts) > 1:
-                found.add((parts[1], node.lineno))
+            found.add((node.module, node.lineno))
     return found
+
+
+def imported_units(path: Path) -> set[tuple[str, int]]:
+    """(unit, line) of every `asr_grpo.<unit>` import in the file, wherever it stands."""
+    return {(name.split(".")[1], line) for name, line in imported_modules(path)
+            if name.startswith("asr_grpo.")}
+
+
+def is_banned(module: str) -> bool:
+    return any(module == b or module.startswith(b + ".") for b in BANNED)
 
 
 def modules() -> list[Path]:
@@ -80,3 +96,70 @@ def test_the_checker_sees_a_lazy_upward_import(tmp_path, monkeypatch):
     monkeypatch.setitem(unit_of.__globals__, "PACKAGE", pkg)
     with pytest.raises(AssertionError, match="recipes sits above data"):
         test_imports_go_down_the_layers(bad)
+
+
+@pytest.mark.parametrize("path", [p for p in modules() if unit_of(p) in RAY_AND_MODEL_FREE],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_scheduler_and_the_forecast_import_no_ray_and_no_model_code(path):
+    found = sorted(f"line {line}: {name}" for name, line in imported_modules(path) if is_banned(name))
+    assert not found, "\n".join(found)
+
+
+def test_the_checker_sees_a_lazy_ray_or_model_import(tmp_path, monkeypatch):
+    """The rule can fail: a lazy `import ray` and a model import in the forecast are caught."""
+    pkg = tmp_path / "asr_grpo"
+    (pkg / "forecast").mkdir(parents=True)
+    bad = pkg / "forecast" / "bad.py"
+    bad.write_text("def f():\n    import ray.util\n    from asr_grpo.models.builder import build_model\n"
+                   "    from asr_grpo.rollout.types import SequenceState\n")
+    monkeypatch.setitem(unit_of.__globals__, "PACKAGE", pkg)
+    with pytest.raises(AssertionError) as caught:
+        test_the_scheduler_and_the_forecast_import_no_ray_and_no_model_code(bad)
+    assert str(caught.value).splitlines() == ["line 2: ray.util", "line 3: asr_grpo.models.builder"]
+
+
+# ---- what a fresh interpreter loads and how long it takes ------------------------------------
+FORECAST = [sys.executable, "-m", "asr_grpo.forecast", "profile=roofline", "modes=[none]", "steps=2",
+            "warmup=1", "plot=false", "log_to_mlflow=false"]
+
+# Runs the forecast as `python -m` does, then prints the banned modules it loaded.
+PROBE = """
+import json, runpy, sys
+banned = json.loads(sys.argv[1])
+sys.argv = ["asr_grpo.forecast", *json.loads(sys.argv[2])]
+try:
+    runpy.run_module("asr_grpo.forecast", run_name="__main__")
+except SystemExit as stop:
+    if stop.code:
+        raise
+print(json.dumps(sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in banned))))
+"""
+
+
+def test_the_forecast_loads_no_ray_and_no_model_code_even_indirectly(tmp_path):
+    """The file-by-file rule above sees direct imports; this sees what a forecast's run
+    loads through the modules it imports (the packages' `__init__` files included)."""
+    args = [*FORECAST[3:], f"paths.output_root={tmp_path}", f"output_dir={tmp_path}/f"]
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(BANNED), json.dumps(args)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| none |" in proc.stdout
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_forecast_starts_and_finishes_its_quickest_run_in_under_2_s(tmp_path):
+    """Wall time of the whole command, interpreter start to exit, as a user would time
+    it: a two-step roofline forecast of one mode, no plot, no MLflow (the simulation itself
+    takes milliseconds, so this is the start: imports and config composition). The best
+    of three tries, so another process on a busy machine does not fail it."""
+    best = float("inf")
+    for attempt in range(3):
+        t0 = time.perf_counter()
+        command = [*FORECAST, f"paths.output_root={tmp_path}", f"output_dir={tmp_path}/f{attempt}"]
+        proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        best = min(best, time.perf_counter() - t0)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "| none |" in proc.stdout
+        if best < 2.0:
+            break
+    assert best < 2.0, f"python -m asr_grpo.forecast took {best:.2f} s at best"

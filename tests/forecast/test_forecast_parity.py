@@ -15,8 +15,9 @@ from asr_grpo.forecast.clock import Lane
 from asr_grpo.forecast.hosts import SimEngine
 from asr_grpo.overlap.local_group import LocalGroup, local_resolve
 from asr_grpo.overlap.scheduler import RolloutScheduler
-from asr_grpo.rollout import SequencePool
-from asr_grpo.workers.rollout_host import RolloutHost
+from asr_grpo.overlap.step_times import StepTimes
+from asr_grpo.rollout.host import EngineHost
+from asr_grpo.rollout.pool import SequencePool
 
 EOS, TOKEN = 0, 7
 B, N, MAX = 4, 3, 48
@@ -42,9 +43,7 @@ class ScriptedEngine(SequencePool):
         return len(live)
 
 
-class ScriptedHost(RolloutHost):
-    _restored = True
-
+class ScriptedHost(EngineHost):
     def __init__(self):
         self.engine = ScriptedEngine()
 
@@ -71,11 +70,12 @@ def real_run(mode: str, hosts: int, steps: int, **kw) -> list[list[tuple]]:
 
     out = []
     for step in range(steps):
-        ro = sched.rollout(step, lambda k, s=step: [PromptGroup(f"p-{i}", {"language": "en"}, [], None, N, s, i)
-                                                     for i in (next(count) for _ in range(k))])
+        wanted = sched.groups_wanted(step)
+        ro = sched.rollout(step, [PromptGroup(f"p-{i}", {"language": "en"}, [], None, N, step, i)
+                                  for i in (next(count) for _ in range(wanted))])
         out.append([(g.uid, tuple((r.uid, len(r.tokens), r.finish_reason) for r in ro.results[g.uid]))
                     for g in ro.groups])
-        sched.end_step(step, {"reward/total": 0.5 + 0.01 * step})
+        sched.end_step(step, StepTimes(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, mean_reward=0.5 + 0.01 * step))
         for h in sched.hosts.members:
             h.set_policy_version(step + 1)
     return out

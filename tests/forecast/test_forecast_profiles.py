@@ -189,3 +189,17 @@ def test_a_run_that_logged_no_setting_is_read_with_the_shipped_recipe():
     logged = RunFacts("logged", {"algorithm.n_samples_per_prompt": "4", "algorithm.train_samples_per_prompt": "None"},
                       [], {})
     assert (logged.get("algorithm.n_samples_per_prompt", int), trained_per_prompt(logged)) == (4, None)
+
+
+def test_the_recipes_step_times_are_logged_under_the_names_the_run_fit_reads():
+    """`profile=run` reads a run's phase times back by metric name: `StepTimes` logs every
+    one of them under the name the fit reads, each with its own value."""
+    from asr_grpo.forecast.runfit import SERIES
+    from asr_grpo.overlap.step_times import StepTimes
+
+    logged = StepTimes(step_s=9.0, rollout_s=4.0, scoring_s=3.0, training_s=1.5, sync_s=0.5,
+                       reward_wait_s=0.25, mean_reward=0.75).metrics()
+    assert set(logged) <= set(SERIES.values())
+    assert {name: logged[key] for name, key in SERIES.items() if key in logged} == {
+        "step_s": 9.0, "rollout_s": 4.0, "scoring_s": 3.0, "training_s": 1.5, "sync_s": 0.5,
+        "reward_wait_s": 0.25}

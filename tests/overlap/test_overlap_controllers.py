@@ -9,11 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from asr_grpo.config.schema import OverlapConfig
-from asr_grpo.overlap.controllers import (
-    ChunkSizeController,
-    DeltaController,
-    staleness_histogram,
-)
+from asr_grpo.overlap.controllers import ChunkSizeController, DeltaController
 
 
 def drive(ctrl: ChunkSizeController, steps, timing):
@@ -336,31 +332,3 @@ def test_delta_from_config_and_dictconfig():
 def test_delta_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DeltaController(**kwargs)
-
-
-# ---------------------------------------------------------------- staleness
-
-def test_staleness_histogram_counts():
-    m = staleness_histogram([0, 0, 1, 3, 1, 0])
-    assert m == {
-        "overlap/staleness_mean": pytest.approx(5 / 6),
-        "overlap/staleness_max": 3.0,
-        "overlap/staleness_frac_ge1": 0.5,
-        "overlap/staleness_count/0": 3.0,
-        "overlap/staleness_count/1": 2.0,
-        "overlap/staleness_count/2": 0.0,
-        "overlap/staleness_count/3": 1.0,
-    }
-    assert all(type(v) is float for v in m.values())
-
-
-def test_staleness_histogram_empty_and_all_fresh():
-    zeros = {"overlap/staleness_mean": 0.0, "overlap/staleness_max": 0.0,
-             "overlap/staleness_frac_ge1": 0.0, "overlap/staleness_count/0": 0.0}
-    assert staleness_histogram([]) == zeros
-    assert staleness_histogram([0, 0]) == {**zeros, "overlap/staleness_count/0": 2.0}
-
-
-def test_staleness_histogram_rejects_negative():
-    with pytest.raises(ValueError, match="staleness"):
-        staleness_histogram([1, -1])

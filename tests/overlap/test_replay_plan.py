@@ -24,10 +24,11 @@ from asr_grpo.overlap.local_group import LocalGroup, local_resolve
 from asr_grpo.overlap.planners import (ReplayDiverged, ReplayPlanner, StepObservation, StepPlan, make_planner,
                                        plan_record)
 from asr_grpo.overlap.scheduler import RolloutScheduler
-from asr_grpo.rollout import SequencePool
+from asr_grpo.overlap.step_times import StepTimes
+from asr_grpo.rollout.host import EngineHost
+from asr_grpo.rollout.pool import SequencePool
 from asr_grpo.tracking import MlflowRun
 from asr_grpo.tracking.plans import log_plans, read_plans
-from asr_grpo.workers.rollout_host import RolloutHost
 
 EOS, TOKEN, B, N = 0, 7, 2, 2
 RECORD = {0: plan_record(0, StepPlan(None, 0), ["a", "b"]),
@@ -82,9 +83,7 @@ class ScriptedEngine(SequencePool):
         return len(live)
 
 
-class ScriptedHost(RolloutHost):
-    _restored = True
-
+class ScriptedHost(EngineHost):
     def __init__(self):
         self.engine = ScriptedEngine()
 
@@ -113,9 +112,10 @@ def scripted_run(cfg, steps: int, recorded=None, planner=None):
     count = iter(range(1000))
     trained, record = [], {}
     for step in range(steps):
-        out = sched.rollout(step, lambda k, s=step: [PromptGroup(f"p-{next(count)}", {"language": "en"}, [1], None,
-                                                                 N, s) for _ in range(k)])
-        sched.end_step(step, {})
+        wanted = sched.groups_wanted(step)
+        out = sched.rollout(step, [PromptGroup(f"p-{next(count)}", {"language": "en"}, [1], None, N, step)
+                                   for _ in range(wanted)])
+        sched.end_step(step, StepTimes(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, float("nan")))
         record[step] = plan_record(step, out.plan, out.admitted)
         trained.append([(s.uid, tuple(s.tokens)) for g in out.groups for s in out.results[g.uid]])
     return trained, record

@@ -12,10 +12,12 @@ from omegaconf import OmegaConf
 
 from asr_grpo.config.schema import OverlapConfig
 from asr_grpo.experience.types import PromptGroup
+from asr_grpo.overlap import planners
 from asr_grpo.overlap.local_group import LocalGroup, local_resolve
 from asr_grpo.overlap.scheduler import RolloutScheduler
-from asr_grpo.rollout import SequencePool
-from asr_grpo.workers.rollout_host import RolloutHost
+from asr_grpo.overlap.step_times import StepTimes
+from asr_grpo.rollout.host import EngineHost
+from asr_grpo.rollout.pool import SequencePool
 
 EOS, TOKEN = 0, 7
 B, N = 4, 4
@@ -42,9 +44,7 @@ class ScriptedEngine(SequencePool):
         return len(live)
 
 
-class ScriptedHost(RolloutHost):
-    _restored = True   # never a restarted Ray actor
-
+class ScriptedHost(EngineHost):
     def __init__(self):
         self.engine = ScriptedEngine()
 
@@ -85,7 +85,7 @@ def scheduler(mode: str, hosts: int = 1, scorers=None, resolve=local_resolve, **
 
 def run(sched: RolloutScheduler, steps: int):
     new_groups = prompts()
-    return [sched.rollout(step, lambda k, s=step: new_groups(k, s)) for step in range(steps)]
+    return [sched.rollout(step, new_groups(sched.groups_wanted(step), step)) for step in range(steps)]
 
 
 @pytest.mark.parametrize("hosts", [1, 2])
@@ -122,14 +122,15 @@ def test_delta_sets_how_many_groups_are_admitted(delta):
 def test_a_host_that_drops_a_carried_sequence_fails_clearly():
     sched = scheduler("inter", delta_init=2)
     new_groups = prompts()
-    sched.rollout(0, new_groups)
+    sched.rollout(0, new_groups(sched.groups_wanted(0)))
     host = sched.hosts.members[0]
     lost = [s.request.uid for s in host.engine.live()]
     assert lost, "nothing carried: the test would be vacuous"
     host.engine.drain()   # the host forgets its live sequences
     sched.B = len(sched.buffer) + 1   # the step needs the carried groups
+    sched.groups_wanted(1)
     with pytest.raises(RuntimeError, match="hold none of the .* unfinished sequences"):
-        sched.rollout(1, lambda k: [])
+        sched.rollout(1, [])
 
 
 def test_streaming_never_waits_on_a_scorer_inside_the_rollout():
@@ -178,8 +179,98 @@ def test_every_step_logs_its_decode_round_costs_whatever_the_mode():
     # A serial run logs a + b·rows from its own rounds: the forecast fits profile=run from it.
     sched = RolloutScheduler(OmegaConf.structured(OverlapConfig(mode="none")), B, LocalGroup([TimedHost()]),
                              resolve=local_resolve)
-    sched.rollout(0, lambda k: prompts()(k, 0))
-    metrics = sched.end_step(0, {"perf/time/step": 1.0})
+    run(sched, 1)
+    metrics = sched.end_step(0, StepTimes(1.0, 0.0, 0.0, 0.0, 0.0, 0.0, float("nan")))
     assert metrics["perf/decode/round_fixed_ms"] == pytest.approx(2.5)
     assert metrics["perf/decode/round_per_row_ms"] == pytest.approx(0.5)
     assert metrics["perf/decode/prefill_tokens"] == 120
+
+
+# ---- the step's API: groups handed in, times handed over ---------------------------------
+def test_a_step_admits_the_groups_it_asked_for_and_no_more():
+    sched = scheduler("inter", delta_init=2)
+    new_groups = prompts()
+    with pytest.raises(RuntimeError, match="ask groups_wanted"):
+        sched.rollout(0, [])
+    wanted = sched.groups_wanted(0)
+    assert wanted == B + 2 and sched.groups_wanted(0) == wanted   # asking twice plans once
+    with pytest.raises(ValueError, match="admits 6 new prompt groups, not 7"):
+        sched.rollout(0, new_groups(wanted + 1))
+    out = sched.rollout(0, new_groups(wanted))
+    assert out.admitted == [f"p-{i}" for i in range(7, 13)]
+    # The carried groups count: the next step asks only for what refills B + Δ.
+    assert sched.groups_wanted(1) == B + 2 - len(sched.buffer) < wanted
+
+
+class RecordingPlanner(planners.FixedPlanner):
+    def __init__(self):
+        super().__init__(None, 0)
+        self.seen: list[planners.StepObservation] = []
+
+    def observe(self, obs):
+        self.seen.append(obs)
+        return {}
+
+
+def test_the_planner_observes_every_measured_time_of_the_step():
+    """Each field of the record reaches the planner's observation as it was measured:
+    none is left at a default (what reading them back by metric name risked)."""
+    sched = scheduler("none")
+    sched.planner = planner = RecordingPlanner()
+    run(sched, 1)
+    times = StepTimes(step_s=9.0, rollout_s=4.0, scoring_s=3.0, training_s=1.5, sync_s=0.5,
+                      reward_wait_s=0.25, mean_reward=0.75)
+    sched.end_step(0, times)
+    (obs,) = planner.seen
+    observed = {"step_s": obs.step_s, "rollout_s": obs.rollout_s, "scoring_s": obs.scoring_s,
+                "training_s": obs.training_s, "reward_wait_s": obs.reward_wait_s,
+                "mean_reward": obs.mean_reward}
+    assert observed == {k: v for k, v in vars(times).items() if k != "sync_s"}
+    assert obs.samples == B * N and obs.decoded and len(obs.trained_lengths) == B
+
+
+# ---- worker deaths: the caller says what one looks like -----------------------------------
+class Died(Exception):
+    """What `ray.get` raises for a dead actor, here."""
+
+
+class DyingHost(ScriptedHost):
+    """Its second decode call dies: the process goes, and the sequences with it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def decode(self, *args):
+        self.calls += 1
+        if self.calls == 2:
+            self.engine.drain()
+            return Died("host 0 died")
+        return super().decode(*args)
+
+
+def raise_deaths(result):
+    if isinstance(result, Died):
+        raise result
+    return result
+
+
+def test_a_host_that_dies_is_restored_and_the_step_trains_what_it_would_have():
+    cfg = OmegaConf.structured(OverlapConfig(mode="intra", controller="fixed", chunk_size=2))
+    restored = []
+    sched = RolloutScheduler(cfg, B, LocalGroup([DyingHost()]), {"ref": LocalGroup([RecordingScorer()])},
+                             resolve=raise_deaths, is_death=lambda e: isinstance(e, Died),
+                             restore_host=restored.append)
+    out = run(sched, 1)[0]
+    assert restored == [0] and sched.host_restarts == 1
+    healthy = run(scheduler("intra", scorers={"ref": LocalGroup([RecordingScorer()])}, chunk_size=2), 1)[0]
+    tokens = lambda r: {s.uid: s.tokens for rs in r.results.values() for s in rs}  # noqa: E731
+    assert tokens(out) == tokens(healthy)
+
+
+def test_without_is_death_a_worker_error_is_the_callers_to_see():
+    cfg = OmegaConf.structured(OverlapConfig(mode="intra", controller="fixed", chunk_size=2))
+    sched = RolloutScheduler(cfg, B, LocalGroup([DyingHost()]), {"ref": LocalGroup([RecordingScorer()])},
+                             resolve=raise_deaths, restore_host=lambda rank: None)
+    with pytest.raises(Died, match="host 0 died"):
+        run(sched, 1)

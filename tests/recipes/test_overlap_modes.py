@@ -42,7 +42,8 @@ def first_step(root, mode: str, *overrides: str, name: str = ""):
     recipe = RLRecipe(cfg)
     try:
         recipe.setup()
-        rollout = recipe.scheduler.rollout(0, lambda k: [recipe._group(i, 0) for i in recipe.sampler.next(k)])
+        wanted = recipe.scheduler.groups_wanted(0)
+        rollout = recipe.scheduler.rollout(0, [recipe._group(i, 0) for i in recipe.sampler.next(wanted)])
         items, metrics = recipe.maker.make(rollout.groups, rollout.results, rollout.streamed,
                                            version=recipe.weights_version)
         for g in (recipe.policy, recipe.critic):

@@ -45,7 +45,8 @@ def first_step(root, name: str, *overrides: str):
     recipe = RLRecipe(cfg)
     try:
         recipe.setup()
-        rollout = recipe.scheduler.rollout(0, lambda k: [recipe._group(i, 0) for i in recipe.sampler.next(k)])
+        wanted = recipe.scheduler.groups_wanted(0)
+        rollout = recipe.scheduler.rollout(0, [recipe._group(i, 0) for i in recipe.sampler.next(wanted)])
         during = 0.0
         if recipe.remote_reward:
             during = sum(s["reward/remote/requests"] for s in ray.get(recipe.reward.call("take_request_stats")))

@@ -1,4 +1,4 @@
-"""Simulated rollout engines and hosts: the scheduler's `RolloutHost` calls, on the virtual clock.
+"""Simulated rollout engines and hosts: the scheduler's `EngineHost` calls, on the virtual clock.
 
 `SimEngine` is a `SequencePool` whose model is a length table: a sequence emits EOS at
 its drawn length (or runs to the cap), and every round advances the engine's own time
@@ -8,18 +8,19 @@ HF engine does. `_advance` is one round; `decode` jumps from one finishing round
 next, with the same stops, tokens and cost statistics as the round-by-round loop (a test
 holds the two equal), so that long responses simulate in milliseconds.
 
-`SimHost` is the real `RolloutHost` around it: a decode call starts when the driver
-sends it (the virtual now) and the engine is free, pays first the slowdown that streamed
-scoring on the same GPUs caused (`debt`, inside its first round, so the round timings the
-cost-model planner fits hold it), and returns a `Pending` at its end."""
+`SimHost` is the real `EngineHost` (`rollout/host.py`) around it: a decode call starts
+when the driver sends it (the virtual now) and the engine is free, pays first the
+slowdown that streamed scoring on the same GPUs caused (`debt`, inside its first round,
+so the round timings the cost-model planner fits hold it), and returns a `Pending` at
+its end."""
 from __future__ import annotations
 
 from asr_grpo.forecast.clock import Lane, Pending, VirtualClock
 from asr_grpo.forecast.costs import DecodeCost, Forward
 from asr_grpo.forecast.workload import Workload
+from asr_grpo.rollout.host import EngineHost
 from asr_grpo.rollout.pool import GroupQuota, SequencePool
 from asr_grpo.rollout.types import SequenceState
-from asr_grpo.workers.rollout_host import RolloutHost
 
 EOS, TOKEN = 0, 7
 
@@ -128,9 +129,7 @@ class SimEngine(SequencePool):
         return touched
 
 
-class SimHost(RolloutHost):
-    _restored = True   # never a restarted Ray actor
-
+class SimHost(EngineHost):
     def __init__(self, engine: SimEngine, clock: VirtualClock, call_s: float = 0.0):
         self.engine, self.clock, self.call_s = engine, clock, call_s
         self.debt = 0.0   # seconds streamed scoring on this engine's GPUs took from its decode
@@ -142,5 +141,5 @@ class SimHost(RolloutHost):
         # An idle engine's GPU absorbs the scorers' work; a busy one's first round pays it.
         engine.slowdown = self.debt if any(not s.done for s in engine.live()) else 0.0
         self.debt = 0.0
-        results = RolloutHost.decode(self, max_tokens, stop_after_groups, stop_check_every)
+        results = EngineHost.decode(self, max_tokens, stop_after_groups, stop_check_every)
         return Pending(engine.t, results)

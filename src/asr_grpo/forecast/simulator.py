@@ -35,6 +35,7 @@ from asr_grpo.forecast.workload import Workload
 from asr_grpo.overlap.cost_model import service_drain
 from asr_grpo.overlap.local_group import LocalGroup
 from asr_grpo.overlap.scheduler import RolloutScheduler
+from asr_grpo.overlap.step_times import StepTimes
 
 SCORER_NAMES = {"ref": "ref", "critic": "values", "reward_model": "lm"}   # the recipe's streaming scorer names
 FROZEN = ("ref", "lm")                                                   # weights that never change
@@ -150,7 +151,7 @@ class Simulation:
     def step(self, step: int) -> StepRecord:
         p, clock = self.profile, self.clock
         t0 = clock.now
-        ro = self.scheduler.rollout(step, lambda k: self._source(k, step))
+        ro = self.scheduler.rollout(step, self._source(self.scheduler.groups_wanted(step), step))
         t_r = max(clock.now, t0)
         prompt = {g.uid: self.workload.prompt_tokens(g.uid) for g in ro.groups}
         seqs = [s for g in ro.groups for s in ro.results[g.uid]]
@@ -200,11 +201,10 @@ class Simulation:
         synced = self.dev_lanes[actor.device].run(training_end, p.sync_s, "actor", "sync")
         end = self.cpu.run(synced, p.step_fixed_s, "driver", "driver")
         clock.advance_to(end)
-        metrics = {"perf/time/step": end - t0, "perf/time/rollout": t_r - t0,
-                   "perf/time/scoring_wall": scoring_end - t_r, "perf/time/training": training_end - scoring_end,
-                   "perf/time/sync": end - training_end, "perf/time/reward_wait": wait,
-                   "reward/total": reward_at(step, self.trend)}
-        self.scheduler.end_step(step, metrics)
+        times = StepTimes(step_s=end - t0, rollout_s=t_r - t0, scoring_s=scoring_end - t_r,
+                          training_s=training_end - scoring_end, sync_s=end - training_end,
+                          reward_wait_s=wait, mean_reward=reward_at(step, self.trend))
+        self.scheduler.end_step(step, times)
         for h in self.hosts:
             h.set_policy_version(step + 1)   # what the weight sync does: carried sequences rebuild
             h.debt = 0.0

@@ -1,4 +1,4 @@
-"""OPPO's two online controllers, plus the staleness metrics they are judged by.
+"""OPPO's two online controllers.
 
 * `ChunkSizeController` picks the decode chunk size by timing each candidate for one
   step every P steps and keeping the fastest until the next trial round.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from asr_grpo.config.schema import DeltaRule
@@ -264,26 +264,3 @@ class DeltaController:
         delta = _as_int("delta", state["delta"])
         self._delta = min(self.delta_max, max(self.delta_min, delta))
         self._rewards = deque((float(r) for r in state["rewards"]), maxlen=self.window + 1)
-
-
-def staleness_histogram(staleness: Iterable[int]) -> dict[str, float]:
-    """MLflow metrics for the policy-version lag of the sequences trained on in a step.
-
-    Keys: `overlap/staleness_mean`, `overlap/staleness_max`, `overlap/staleness_frac_ge1`
-    and `overlap/staleness_count/k` for every k in 0..max. Empty input gives zeros.
-    """
-    values = [_as_int("staleness", s) for s in staleness]
-    if any(v < 0 for v in values):
-        raise ValueError(f"staleness must be >= 0, got {min(values)}")
-    top = max(values, default=0)
-    counts = [0] * (top + 1)
-    for v in values:
-        counts[v] += 1
-    n = len(values)
-    out = {
-        "overlap/staleness_mean": sum(values) / n if n else 0.0,
-        "overlap/staleness_max": float(top),
-        "overlap/staleness_frac_ge1": (n - counts[0]) / n if n else 0.0,
-    }
-    out.update({f"overlap/staleness_count/{k}": float(c) for k, c in enumerate(counts)})
-    return out

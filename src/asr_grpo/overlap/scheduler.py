@@ -20,6 +20,12 @@ mid-step (Ray restarts it) gets back: `restore_host(rank)` (the recipe's: the cu
 weights) and then its unfinished sequences with their tokens so far. A streaming scorer
 that died loses the calls in flight; `StreamedScores` leaves those sequences out and
 the experience maker scores them again in one shot.
+
+The scheduler knows nothing of Ray: the caller hands it `resolve` (how a call's result
+is awaited: `ray.get`, or the forecast's virtual clock) and `is_death` (whether an error
+means a worker process died). A step runs as `groups_wanted(step)` (plans it, says how
+many new prompt groups it admits), `rollout(step, groups)`, then `end_step(step, times)`
+with what the step measured (`StepTimes`).
 """
 from __future__ import annotations
 
@@ -29,26 +35,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-import ray
-import torch
-
-from asr_grpo.distributed.faults import is_actor_death
-from asr_grpo.experience.types import PromptGroup, SequenceRef
-from asr_grpo.overlap.controllers import staleness_histogram
+from asr_grpo.experience.types import PromptGroup
 from asr_grpo.overlap.cost_model import CostFitter
 from asr_grpo.overlap.planners import MODES, StepObservation, StepPlan, make_planner, merge_decode_stats
+from asr_grpo.overlap.step_times import StepTimes
+from asr_grpo.overlap.stream_ledger import StreamedScores, StreamLedger, never_died
 from asr_grpo.rollout.types import RolloutRequest, SequenceResult
+from asr_grpo.tracking.rollout_metrics import prefix_cache_metrics, staleness_histogram
 
 log = logging.getLogger(__name__)
-
-
-def prefix_cache_metrics(stats: dict) -> dict[str, float]:
-    """vLLM engines: the continuation prompts' tokens and the share its prefix cache held."""
-    sent = stats.get("request_prompt_tokens", 0)
-    if not sent:
-        return {}
-    return {"perf/decode/request_prompt_tokens": float(sent),
-            "perf/decode/prefix_cache_hit": stats.get("cached_prompt_tokens", 0) / sent}
 
 
 @dataclass
@@ -64,38 +59,6 @@ class BufferedGroup:
 
     def results(self) -> list[SequenceResult]:
         return [self.samples[r.uid] for r in self.group.requests()]
-
-
-class StreamedScores:
-    """What one streaming scorer returns for the sequences trained on this step. Which
-    sequences it covers is known at once; `get()` waits for its last chunks, so the
-    caller can start other work (the actor's old log-probs) while the scorers drain.
-    `stash` (frozen scorers only) receives the scores of sequences that finished this
-    step but are trained later, so they are not computed twice."""
-
-    def __init__(self, uids: set[str], pending: list, known: dict[str, torch.Tensor] | None = None,
-                 stash: dict[str, torch.Tensor] | None = None, resolve: Callable = ray.get):
-        self.uids, self._pending, self._scores = uids | set(known or {}), pending, None
-        self._resolve = resolve
-        self._known, self._stash = dict(known or {}), stash
-        self.lost_calls = 0   # calls a scorer restart lost: their sequences are missing from get()
-
-    def get(self) -> dict[str, torch.Tensor]:
-        if self._scores is None:
-            merged: dict[str, torch.Tensor] = dict(self._known)
-            for ref in self._pending:
-                try:
-                    merged.update(self._resolve(ref))
-                except Exception as exc:
-                    if not is_actor_death(exc):
-                        raise
-                    self.lost_calls += 1
-            if self.lost_calls:
-                log.warning("a streaming scorer restarted: %d of its calls were lost", self.lost_calls)
-            if self._stash is not None:
-                self._stash.update({u: v for u, v in merged.items() if u not in self.uids})
-            self._scores = {u: merged[u] for u in self.uids if u in merged}
-        return self._scores
 
 
 @dataclass
@@ -118,10 +81,10 @@ class StepRollout:
 
 
 class RolloutScheduler:
-    def __init__(self, overlap_cfg, prompts_per_step: int, hosts, scorers: dict | None = None,
+    def __init__(self, overlap_cfg, prompts_per_step: int, hosts, scorers: dict | None = None, *,
+                 resolve: Callable, is_death: Callable[[BaseException], bool] = never_died,
                  restore_host: Callable[[int], None] | None = None, frozen_scorers: Iterable[str] = (),
-                 stream_hidden_prior: float = 0.0, resolve: Callable = ray.get,
-                 clock: Callable[[], float] = time.monotonic,
+                 stream_hidden_prior: float = 0.0, clock: Callable[[], float] = time.monotonic,
                  on_finished: Callable[[list[PromptGroup], list[SequenceResult]], None] | None = None,
                  recorded_plans: Mapping[int, dict] | None = None):
         self.mode = overlap_cfg.mode
@@ -129,21 +92,19 @@ class RolloutScheduler:
             raise ValueError(f"overlap.mode={self.mode!r}: expected one of {', '.join(MODES)}")
         self.streaming, self.overcommit = MODES[self.mode]
         self.B, self.hosts = prompts_per_step, hosts
-        # How a call's result is awaited: ray.get, or the forecast's simulated clock.
-        self._get, self._clock = resolve, clock
+        # How a call's result is awaited (ray.get, or the forecast's simulated clock), and
+        # whether an error means the worker's process died (Ray's actor errors).
+        self._get, self._is_death, self._clock = resolve, is_death, clock
         # Puts the current weights on a restarted host; None: a host's death is fatal.
         self.restore_host = restore_host
         self.host_restarts = 0
-        self.scorers = dict(scorers or {}) if self.streaming else {}
-        # Streamed rewards (a reward service): called once per decoded chunk with the
-        # sequences that finished in it, so their rewards are requested at once.
-        self.on_finished = on_finished if self.streaming else None
-        # Scorers whose weights never change (reference, reward model) keep the caches
-        # of carried sequences across steps; the others re-prefill them.
-        self.frozen = set(frozen_scorers) & set(self.scorers)
+        # Streaming modes only: the scorers and a streamed reward (`on_finished`).
+        self.streams = StreamLedger((scorers or {}) if self.streaming else {}, frozen_scorers,
+                                    on_finished if self.streaming else None,
+                                    resolve=resolve, is_death=is_death)
         # recorded_plans: `overlap.replay_plan`'s record (the caller reads it from MLflow).
         self.planner = make_planner(overlap_cfg, prompts_per_step, stream_hidden_prior, recorded_plans,
-                                    streams_rewards=self.on_finished is not None)
+                                    streams_rewards=self.streams.on_finished is not None)
         self.stop_check_every = int(overlap_cfg.stop_check_every)
         self.recheck_tokens = int(overlap_cfg.chunk_size)
         self.buffer: list[BufferedGroup] = []
@@ -151,32 +112,48 @@ class RolloutScheduler:
         self.tick = 0    # decode rounds (one token for every live sequence) so far
         self.counts = {"groups_entered": 0, "groups_trained": 0}
         self._plan: StepPlan | None = None
+        self._planned: tuple[int, float, float] | None = None   # (step, clock, wall clock) when planned
         self._step_info: dict = {}
-        self._registered: set[tuple[str, str]] = set()   # (scorer, sequence uid)
-        self._pending: dict[str, list] = {name: [] for name in self.scorers}       # this step's calls
-        self._finishing: dict[str, set[str]] = {name: set() for name in self.scorers}  # finished this step
-        self._stash: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self.frozen}
-        self._streamed_done: dict[str, set[str]] = {name: set() for name in self.scorers}   # finished, not trained
-        self._rescored = 0
+
+    @property
+    def scorers(self) -> dict:
+        """The streaming scorers (name -> role group); none outside intra/oppo."""
+        return self.streams.scorers
 
     # ---- knobs -----------------------------------------------------------------------
     def plan_for(self, step: int) -> StepPlan:
         plan = self.planner.plan(step)
         # The mode bounds what a planner may ask for: no streaming without scorers to
         # stream to, no overcommit outside inter/oppo.
-        return StepPlan(plan.chunk if self.streaming and (self.scorers or self.on_finished) else None,
+        return StepPlan(plan.chunk if self.streaming and self.streams.active else None,
                         plan.delta if self.overcommit else 0, plan.predicted_s)
 
     # ---- one step ----------------------------------------------------------------------
-    def rollout(self, step: int, new_groups: Callable[[int], list[PromptGroup]]) -> StepRollout:
-        """Refill the buffer to B + Δ, decode until B groups are finished (all of them
-        without overcommit), hand those over; the rest stays for the next step."""
-        t0, started_at = self._clock(), time.time()
-        plan = self._plan = self.plan_for(step)
+    def groups_wanted(self, step: int) -> int:
+        """Plan `step` (its chunk size and Δ) and say how many new prompt groups it
+        admits: what refills the buffer to B + Δ. The step's rollout starts here."""
+        if self._planned is None or self._planned[0] != step:
+            t0, started_at = self._clock(), time.time()
+            self._plan = self.plan_for(step)
+            self._planned = (step, t0, started_at)
+        return max(0, self.B + self._plan.delta - len(self.buffer))
+
+    def rollout(self, step: int, new_groups: list[PromptGroup]) -> StepRollout:
+        """Admit `new_groups` (at most `groups_wanted(step)`, asked first), decode until
+        B groups are finished (all of them without overcommit), hand those over; the
+        rest stays for the next step."""
+        if self._planned is None or self._planned[0] != step:
+            raise RuntimeError(f"step {step} was not planned: ask groups_wanted({step}) before its rollout")
+        want = self.groups_wanted(step)
+        if len(new_groups) > want:
+            raise ValueError(f"step {step} admits {want} new prompt groups, not {len(new_groups)}: "
+                             f"the buffer holds B + Δ = {self.B + self._plan.delta}")
+        _, t0, started_at = self._planned
+        self._planned = None
+        plan = self._plan
         chunk, delta = plan.chunk, plan.delta
         self._begin_scorers(streaming=chunk is not None)
-        want = self.B + delta - len(self.buffer)
-        admitted = new_groups(want) if want > 0 else []
+        admitted = list(new_groups)
         if admitted:
             self._admit(admitted)
         rounds = ticks = rows = 0
@@ -198,11 +175,13 @@ class RolloutScheduler:
             call_ticks = max(gained.values(), default=0)
             self.tick, ticks, rows = self.tick + call_ticks, ticks + call_ticks, rows + sum(gained.values())
             if chunk is not None:
-                self._stream(touched)
-                self._send_finished(touched)
+                entries = {e.group.uid: e for e in self.buffer}
+                self.streams.stream(touched, entries)
+                self.streams.send_finished(touched, {uid: e.group for uid, e in entries.items()})
         t_decoded = self._clock()
         chosen = self._select()
-        streamed = self._hand_over_streamed(chosen)
+        waiting = {s.uid for e in self.buffer for s in e.samples.values() if s.done}
+        streamed = self.streams.hand_over([s.uid for e in chosen for s in e.results()], waiting)
         results = {e.group.uid: e.results() for e in chosen}
         staleness = [step - min(s.versions) for rs in results.values() for s in rs if s.versions]
         carried_unfinished = sum(not e.done for e in self.buffer)
@@ -216,7 +195,8 @@ class RolloutScheduler:
                    "overlap/carried_groups": float(len(self.buffer)),
                    "overlap/carried_unfinished_groups": float(carried_unfinished),
                    "overlap/decode_calls": float(rounds), "overlap/decode_rounds": float(ticks),
-                   "overlap/rows_decoded": float(rows), "overlap/rescored_sequences": float(self._rescored),
+                   "overlap/rows_decoded": float(rows),
+                   "overlap/rescored_sequences": float(self.streams.rescored),
                    "perf/time/rollout_decode": t_decoded - t0,
                    **staleness_histogram(staleness)}
         if plan.predicted_s is not None:
@@ -224,22 +204,20 @@ class RolloutScheduler:
         out.metrics = metrics
         return out
 
-    def end_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
-        """Feed the planner what this step measured (phase times from `metrics`, decode
-        costs from the hosts); returns the planner's own metrics to log."""
+    def end_step(self, step: int, times: StepTimes) -> dict[str, float]:
+        """Feed the planner what this step measured (the phase times and mean reward the
+        caller timed, decode costs from the hosts); returns the metrics to log: the
+        decode costs and the planner's own."""
         stats = merge_decode_stats(self._get(self.hosts.call("take_decode_stats")))
         obs = StepObservation(step=step, plan=self._plan or StepPlan(None, 0),
-                              step_s=metrics.get("perf/time/step", 0.0),
-                              rollout_s=metrics.get("perf/time/rollout", 0.0),
-                              scoring_s=metrics.get("perf/time/scoring_wall", 0.0),
-                              training_s=metrics.get("perf/time/training", 0.0),
+                              step_s=times.step_s, rollout_s=times.rollout_s, scoring_s=times.scoring_s,
+                              training_s=times.training_s, reward_wait_s=times.reward_wait_s,
+                              mean_reward=times.mean_reward,
                               decode_stats=stats, trained_lengths=self._step_info.get("lengths", []),
                               trained_prompts=self._step_info.get("prompts", []),
                               samples=self._step_info.get("samples", 0),
-                              mean_reward=metrics.get("reward/total", float("nan")),
                               decoded=self._step_info.get("decoded", False),
-                              admitted=self._step_info.get("admitted", []),
-                              reward_wait_s=metrics.get("perf/time/reward_wait", 0.0))
+                              admitted=self._step_info.get("admitted", []))
         rounds_s = sum(secs for _, secs in stats["rounds"].values())
         # This step's round cost as a + b·live rows, whatever the planner: a serial run
         # logs what the forecast's profile=run needs without inferring it from totals.
@@ -255,20 +233,9 @@ class RolloutScheduler:
 
     # ---- internals -----------------------------------------------------------------------
     def _begin_scorers(self, streaming: bool) -> None:
-        """At a step's start each scorer keeps the caches of the carried sequences it
-        has seen (frozen scorers) or their registrations only (weights changed: it
-        re-prefills them), and forgets the rest. A scorer Ray restarted has nothing:
-        it reports what it kept, and the rest is registered again when streamed."""
-        if not self.scorers:
-            return
+        """The carried sequences still decoding stay with the scorers (streaming steps only)."""
         live = {s.uid for e in self.buffer for s in e.samples.values() if not s.done} if streaming else set()
-        names, refs = [], []
-        for name, group in self.scorers.items():
-            keep = sorted(u for (n, u) in self._registered if n == name and u in live)
-            names += [name] * group.world_size
-            refs += group.call("begin_step", keep, name not in self.frozen)
-        kept = self._get(refs)
-        self._registered = {(name, u) for name, uids in zip(names, kept) for u in uids}
+        self.streams.begin_step(live)
 
     def _quotas(self) -> list[int | None]:
         """Per host, the groups whose completion ends its decode call: with overcommit
@@ -310,7 +277,7 @@ class RolloutScheduler:
             try:
                 out.append(self._get(ref))
             except Exception as exc:
-                if not is_actor_death(exc) or self.restore_host is None:
+                if not self._is_death(exc) or self.restore_host is None:
                     raise
                 self._restore(rank, exc)
                 out.append(None)
@@ -374,66 +341,6 @@ class RolloutScheduler:
         chosen.sort(key=lambda e: (e.finished_tick, e.group.entered_step))
         self.counts["groups_trained"] += len(chosen)
         return chosen
-
-    def _stream(self, touched: list[SequenceResult]) -> None:
-        """Send this round's tokens to every streaming scorer without waiting."""
-        entries = {e.group.uid: e for e in self.buffer}
-        for name, scorer in self.scorers.items():
-            world = scorer.world_size
-            register = [[] for _ in range(world)]
-            feed: list[dict[str, list[int]]] = [{} for _ in range(world)]
-            finish = [[] for _ in range(world)]
-            for r in touched:
-                entry = entries[r.group]
-                rank = entry.host % world
-                if (name, r.uid) not in self._registered:
-                    register[rank].append(SequenceRef(r.uid, entry.group.prompt_ids, [], entry.group.features,
-                                                      entry.group.utterance["language"]))
-                    self._registered.add((name, r.uid))
-                feed[rank][r.uid] = r.tokens
-                if r.done:
-                    finish[rank].append(r.uid)
-                    self._finishing[name].add(r.uid)
-                    self._streamed_done[name].add(r.uid)
-                    self._registered.discard((name, r.uid))
-            for rank in range(world):
-                if feed[rank] or register[rank]:
-                    self._pending[name].append(
-                        scorer.call_rank(rank, "stream", register[rank], feed[rank], finish[rank]))
-
-    def _send_finished(self, touched: list[SequenceResult]) -> None:
-        finished = [r for r in touched if r.done]
-        if self.on_finished is None or not finished:
-            return
-        entries = {e.group.uid: e.group for e in self.buffer}
-        self.on_finished(list({r.group: entries[r.group] for r in finished}.values()), finished)
-
-    def _hand_over_streamed(self, chosen: list[BufferedGroup]) -> dict[str, StreamedScores]:
-        """This step's scorer calls go to the experience maker. Sequences that finished
-        during this step are covered, and for frozen scorers also those that finished
-        earlier while their group waited (their scores were kept). A waiting sequence
-        of a scorer whose weights change is scored again when trained on, with that
-        step's weights (as serially)."""
-        uids = [s.uid for e in chosen for s in e.results()]
-        out = {}
-        self._rescored = 0
-        for name in self.scorers:
-            stash = self._stash.get(name)
-            known = {u: stash.pop(u) for u in uids if stash is not None and u in stash}
-            # Streamed to their end in an earlier step, scores not kept: scored again (waste).
-            done = self._streamed_done[name]
-            self._rescored += sum(u in done and u not in self._finishing[name] and u not in known for u in uids)
-            done.difference_update(uids)
-            out[name] = StreamedScores({u for u in uids if u in self._finishing[name]}, self._pending[name],
-                                       known, stash, self._get)
-        if self._stash:   # what no carried group still waits for (a scorer restart, a drop) goes
-            waiting = {s.uid for e in self.buffer for s in e.samples.values() if s.done}
-            for stash in self._stash.values():
-                for u in [u for u in stash if u not in waiting]:
-                    del stash[u]
-        self._pending = {name: [] for name in self.scorers}
-        self._finishing = {name: set() for name in self.scorers}
-        return out
 
     # ---- checkpoint state ---------------------------------------------------------------
     def state_dict(self) -> dict:

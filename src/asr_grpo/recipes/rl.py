@@ -35,10 +35,11 @@ from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.experience.sync_check import check_sequences, check_weight_sync
 from asr_grpo.models import load_processor
 from asr_grpo.models import step_checkpoints as ckpt
-from asr_grpo.models.text_lm import ensure_text_lm
 from asr_grpo.overlap.planners import plan_record
 from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
+from asr_grpo.overlap.step_times import StepTimes
 from asr_grpo.recipes.start_checkpoint import prepare_start_checkpoint
+from asr_grpo.recipes.text_lm_cache import ensure_text_lm
 from asr_grpo.rewards.text import error_rates_by_language
 from asr_grpo.tracking import MlflowRun
 from asr_grpo.tracking.plans import log_plans, read_plans
@@ -146,7 +147,7 @@ class RLRecipe:
         # reward that takes the LM reward model's scores (they come after the rollout).
         on_finished = self.maker.submit_finished if self.remote_reward and not use_lm else None
         self.scheduler = RolloutScheduler(cfg.overlap, cfg.trainer.prompts_per_step, hosts, scorers,
-                                          restore_host=restore,
+                                          resolve=ray.get, is_death=is_actor_death, restore_host=restore,
                                           frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg),
                                           on_finished=on_finished, recorded_plans=recorded_plans)
         self.placement = {g.role: g.placement_report() for g in self.groups}
@@ -267,7 +268,7 @@ class RLRecipe:
 
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.monotonic()
-        rollout = self.scheduler.rollout(step, lambda k: self._new_groups(k, step))
+        rollout = self.scheduler.rollout(step, self._new_groups(self.scheduler.groups_wanted(step), step))
         self.group_lengths[step + 1] = rollout.lengths
         self.plans[step] = plan_record(step, rollout.plan, rollout.admitted)
         if self.rollout_group is not None and self.cfg.rollout.sleep_level:
@@ -284,14 +285,13 @@ class RLRecipe:
         t_sync = time.monotonic()
         sync_s = self.sync_weights(step + 1)
         t_end = time.monotonic()
-        step_s = t_end - t0
+        times = StepTimes(step_s=t_end - t0, rollout_s=t_score - t0, scoring_s=t_train - t_score,
+                          training_s=t_sync - t_train, sync_s=sync_s, reward_wait_s=self.maker.reward_wait_s,
+                          mean_reward=metrics["reward/total"])
         metrics.update(self.check_sync(step + 1, items))   # not in the step's time: a check, not work
-        metrics.update({"perf/time/rollout": t_score - t0,
-                        "perf/time/scoring_wall": t_train - t_score, "perf/time/training": t_sync - t_train,
-                        "perf/time/sync": sync_s,
-                        "perf/time/step": step_s, "charts/num_sequences": float(len(items)),
-                        **self.utilization(step_s), **self.fault_metrics()})
-        metrics.update(self.scheduler.end_step(step, metrics))
+        metrics.update({**times.metrics(), "charts/num_sequences": float(len(items)),
+                        **self.utilization(times.step_s), **self.fault_metrics()})
+        metrics.update(self.scheduler.end_step(step, times))
         for callback in self.step_callbacks:
             callback(TrainedStep(step, rollout, items, metrics))
         return metrics
