@@ -38,6 +38,7 @@ from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.overlap.planners import plan_record
 from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
 from asr_grpo.overlap.step_times import StepTimes
+from asr_grpo.recipes.protocol import run_recipe
 from asr_grpo.recipes.start_checkpoint import prepare_start_checkpoint
 from asr_grpo.recipes.text_lm_cache import ensure_text_lm
 from asr_grpo.rewards.text import error_rates_by_language
@@ -456,9 +457,4 @@ def placement_params(report: dict) -> dict[str, str]:
 
 def run_rl(cfg: RunConfig | DictConfig, run_name: str = "rl", tags: dict | None = None,
            step_callbacks: list[Callable[[TrainedStep], None]] | None = None) -> dict:
-    recipe = RLRecipe(cfg, run_name, tags, step_callbacks)
-    try:
-        recipe.setup()
-        return recipe.train()
-    finally:
-        recipe.cleanup()
+    return run_recipe(RLRecipe(cfg, run_name, tags, step_callbacks))
