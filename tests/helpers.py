@@ -65,3 +65,25 @@ def load_bench_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def on_policy_items(model, processor, tokenizer, advantages: list[float]):
+    """Two sampled responses to one noise prompt (3 and 2 tokens, EOS included) as training
+    items whose old, behaviour and reference log-probs are the model's own; each response's
+    tokens carry its advantage. Returns the items and the log-probs ([2, T])."""
+    import torch
+
+    from asr_grpo.experience import ExperienceItem
+    from asr_grpo.models.sequences import encode_prompt, pack_sequences, response_logprobs
+
+    prompt, feats = encode_prompt(processor, noise_audio(1.0, 0), "en")
+    words = tokenizer("call alice")["input_ids"]
+    responses = [words[:2] + [tokenizer.eos_token_id], words[:1] + [tokenizer.eos_token_id]]
+    batch = pack_sequences([prompt, prompt], responses, [feats, feats], tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp = response_logprobs(model, batch)
+    items = [ExperienceItem(uid=f"x#{i}", group="x", prompt_ids=prompt, response_ids=r, features=feats,
+                            advantages=torch.full((len(r),), advantages[i]), old_logprobs=logp[i, :len(r)],
+                            behaviour_logprobs=logp[i, :len(r)], ref_logprobs=logp[i, :len(r)])
+             for i, r in enumerate(responses)]
+    return items, logp

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from asr_grpo.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInput,
     broadcast_to_tokens,
-    compute_outcome_advantages,
     gae_advantages,
     group_norm_advantages,
     reinforce_baseline_advantages,
@@ -60,13 +61,40 @@ def test_broadcast_and_dispatch():
     close(broadcast_to_tokens(torch.tensor([2.0, -1.0, 0.5, 3.0]), mask),
           [[2, 2, 0], [-1, 0, 0], [0.5, 0.5, 0.5], [3, 3, 0]])
     scores = torch.tensor([1.0, 3.0, 2.0, 2.0])
-    close(compute_outcome_advantages("rloo", scores, 2, mask),
-          [[-2, -2, 0], [2, 0, 0], [0, 0, 0], [0, 0, 0]])
-    close(compute_outcome_advantages("reinforce_baseline", scores, 2, mask),
-          [[-1, -1, 0], [1, 0, 0], [0, 0, 0], [0, 0, 0]])
-    assert compute_outcome_advantages("group_norm", scores, 2, mask).shape == (4, 3)
-    with pytest.raises(ValueError, match="reinforce_baseline"):
-        compute_outcome_advantages("gae", scores, 2, mask)
+
+    def estimate(name):
+        adv, returns = ADVANTAGE_ESTIMATORS.get(name).fn(AdvantageInput(scores, mask, group_size=2))
+        assert returns is None   # outcome estimators fit no critic
+        return adv
+
+    close(estimate("rloo"), [[-2, -2, 0], [2, 0, 0], [0, 0, 0], [0, 0, 0]])
+    close(estimate("reinforce_baseline"), [[-1, -1, 0], [1, 0, 0], [0, 0, 0], [0, 0, 0]])
+    assert estimate("group_norm").shape == (4, 3)
+    with pytest.raises(ValueError, match="algorithm.advantage_estimator=ppo: "
+                                         "expected one of group_norm, rloo, reinforce_baseline, gae"):
+        ADVANTAGE_ESTIMATORS.get("ppo")
+
+
+def test_what_each_estimator_needs_is_registered_with_it():
+    needs = {name: (e.min_group_size, e.needs_critic, e.kl_in_reward)
+             for name, e in ADVANTAGE_ESTIMATORS.items()}
+    assert needs == {"group_norm": (2, False, False), "rloo": (2, False, False),
+                     "reinforce_baseline": (1, False, False), "gae": (1, True, True)}
+
+
+def test_gae_estimator_puts_the_kl_in_the_reward_and_whitens():
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    values = torch.tensor([[0.2, 0.1, 0.0], [0.3, 0.4, 7.0]])
+    kl = torch.tensor([[0.5, 0.0, 1.0], [0.0, 2.0, 9.0]])
+    x = AdvantageInput(torch.tensor([1.0, 0.0]), mask, 1, values=values, kl=kl, kl_coef=0.1,
+                       gamma=1.0, lam=1.0)
+    adv, ret = ADVANTAGE_ESTIMATORS.get("gae").fn(x)
+    # gamma = lam = 1: the return is the reward to go, r_t = -0.1 kl_t plus the score at the end.
+    close(ret, [[1.0 - 0.15, 1.0 - 0.1, 1.0 - 0.1], [-0.2, -0.2, 0.0]])
+    raw = (ret - values) * mask
+    mean = raw.sum() / mask.sum()
+    std = (((raw - mean) * mask).square().sum() / (mask.sum() - 1)).sqrt()
+    close(adv, (raw - mean) / std * mask, atol=1e-5)
 
 
 def _gae_reference(rewards, values, lengths, gamma, lam):

@@ -79,9 +79,6 @@ def test_schema_rejects_wrong_type_naming_the_key(override, key):
 
 @pytest.mark.parametrize("key,options", [
     ("overlap.mode", "none, intra, inter, oppo"),
-    ("overlap.controller", "cost_model, trial, fixed"),
-    ("algorithm.advantage_estimator", "group_norm, rloo, reinforce_baseline, gae"),
-    ("rollout.engine", "hf, vllm"),
     ("placement.name", "colocate, separate"),
     ("trainer.lr_scheduler", "constant, constant_with_warmup, cosine, linear"),
 ])
@@ -90,6 +87,33 @@ def test_a_choice_outside_its_set_fails_at_composition_listing_the_options(key, 
         _compose(overrides=[f"{key}=sometimes"])
     text = str(err.value) + str(err.value.__cause__)
     assert key in text and f"expected one of [{options}]" in text
+
+
+@pytest.mark.parametrize("key,names", [
+    ("algorithm.advantage_estimator", "group_norm, rloo, reinforce_baseline, gae"),
+    ("algorithm.policy_loss", "ppo_clip"),
+    ("overlap.controller", "fixed, trial, cost_model"),
+    ("rollout.engine", "hf, vllm"),
+])
+def test_a_name_outside_its_registry_fails_validation_listing_the_registered(key, names):
+    import asr_grpo.overlap.planners  # noqa: F401  (the RL recipe loads every registry before it validates)
+    import asr_grpo.workers.rollout  # noqa: F401
+
+    with pytest.raises(ConfigError) as err:
+        validate_config(_compose(overrides=[f"{key}=sometimes"]))
+    assert str(err.value) == f"invalid configuration: {key}=sometimes: expected one of {names}"
+
+
+def test_a_reward_weight_must_name_a_registered_component(tmp_path):
+    import asr_grpo.rewards  # noqa: F401  (registers the components)
+
+    with pytest.raises(ConfigError, match="reward.weights: loudness: not a reward component; "
+                                          "registered: cer, keyword, language, smoothness"):
+        validate_config(_compose(overrides=["+reward.weights.loudness=1.0"]))
+    # A reward file of one's own (or a reward service) reads the weights its own way.
+    own = tmp_path / "loud.py"
+    own.write_text("def reward_func(queries, prompts, labels, **kwargs):\n    return [0.0] * len(queries)\n")
+    validate_config(_compose(overrides=["+reward.weights.loudness=1.0", f"reward.reward_file={own}"]))
 
 
 def test_group_file_with_unknown_key_is_rejected(tmp_path):

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import noise_audio
+from helpers import on_policy_items
 
 from asr_grpo.algorithms import group_norm_advantages
 from asr_grpo.config.schema import AlgorithmConfig
-from asr_grpo.experience import ExperienceItem, PromptSampler, estimate_advantages, pad_ragged, unpad
+from asr_grpo.experience import PromptSampler, estimate_advantages, pad_ragged, unpad
 from asr_grpo.experience.losses import actor_loss
-from asr_grpo.models.sequences import encode_prompt
 
 
 def test_sampler_covers_every_item_once_per_epoch_and_resumes_exactly():
@@ -66,18 +65,7 @@ def test_pad_and_unpad_round_trip():
 def test_actor_loss_is_minus_advantage_on_policy(tiny_model, tiny_processor, tiny_tokenizer):
     """On-policy (old = current log-probs), ratio = 1: the clipped loss is -mean(A), and
     its gradient is that of -A * logp."""
-    prompt, feats = encode_prompt(tiny_processor, noise_audio(1.0, 0), "en")
-    words = tiny_tokenizer("call alice")["input_ids"]
-    responses = [words[:2] + [tiny_tokenizer.eos_token_id], words[:1] + [tiny_tokenizer.eos_token_id]]
-    from asr_grpo.models.sequences import pack_sequences, response_logprobs
-    batch = pack_sequences([prompt, prompt], responses, [feats, feats], tiny_tokenizer.pad_token_id)
-    with torch.no_grad():
-        logp = response_logprobs(tiny_model, batch)
-    adv = [torch.full((3,), 0.5), torch.full((2,), -1.0)]
-    items = [ExperienceItem(uid=f"x#{i}", group="x", prompt_ids=prompt, response_ids=r, features=feats,
-                            advantages=adv[i], old_logprobs=logp[i, :len(r)], behaviour_logprobs=logp[i, :len(r)],
-                            ref_logprobs=logp[i, :len(r)])
-             for i, r in enumerate(responses)]
+    items, _ = on_policy_items(tiny_model, tiny_processor, tiny_tokenizer, [0.5, -1.0])
     algo = AlgorithmConfig(kl_coef=0.1, loss_agg="token_mean", temperature=1.0)   # logp above: unscaled logits
     loss, metrics = actor_loss(tiny_model, items, algo, tiny_tokenizer.pad_token_id)
     assert float(loss) == pytest.approx(-(0.5 * 3 - 1.0 * 2) / 5, abs=1e-5)

@@ -6,8 +6,8 @@ import torch
 
 from asr_grpo.config.schema import RewardConfig
 from asr_grpo.rewards import (
-    COMPONENTS,
     DEFAULT_WEIGHTS,
+    REWARD_COMPONENTS,
     RewardResult,
     RewardSample,
     cer_score,
@@ -114,8 +114,8 @@ def test_registry_uses_one_signature():
     s = RewardSample(transcript="the cat", reference="the cat sat", language="en",
                      keywords=["cat", "sat"], declared_language="Chinese",
                      finish_reason="length")
-    assert set(COMPONENTS) == {"cer", "keyword", "language", "smoothness"}
-    assert {k: fn(s) for k, fn in COMPONENTS.items()} == pytest.approx({
+    assert set(REWARD_COMPONENTS) == {"cer", "keyword", "language", "smoothness"}
+    assert {k: fn(s) for k, fn in REWARD_COMPONENTS.items()} == pytest.approx({
         "cer": 1 - 4 / 11, "keyword": 0.5, "language": 0.5, "smoothness": 0.1})
 
 
@@ -169,7 +169,7 @@ def test_score_samples_combines_every_component():
     samples = [RewardSample("the cat sat", "the cat sat", "en", ["cat"]),
                RewardSample("", "the cat sat", "en", ["cat"])]
     r = score_samples(samples, {"cer": 1.0, "keyword": 1.0})
-    assert set(r.components) == set(COMPONENTS)
+    assert set(r.components) == set(REWARD_COMPONENTS)
     # sample 2: cer 0, keyword 0 -> total 0; language/smoothness logged, not weighted
     assert torch.allclose(r.total, torch.tensor([1.0, 0.0]))
     assert r.components["smoothness"].tolist() == [1.0, 1.0]

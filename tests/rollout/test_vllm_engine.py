@@ -22,8 +22,8 @@ from asr_grpo.rollout import (
     SamplingParams,
     SequenceState,
     VLLMChunkedEngine,
-    engine_unavailable_reason,
     factory,
+    vllm_unavailable_reason,
 )
 from asr_grpo.rollout.sampling import token_seed
 from asr_grpo.rollout.vllm_engine import apply_completion, continuation_request, vllm_audio
@@ -252,9 +252,8 @@ def test_weight_update_resets_the_caches_and_bumps_the_version(tiny_model, tiny_
 def test_missing_vllm_is_reported_clearly(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name))
-    reason = engine_unavailable_reason("vllm")
+    reason = vllm_unavailable_reason()
     assert "not installed" in reason and '".[vllm]"' in reason and "rollout=hf" in reason
-    assert engine_unavailable_reason("hf") is None
     with pytest.raises(EngineUnavailable, match="rollout.engine=vllm: the vllm package is not installed"):
         factory.create_vllm_engine(None, model_path="x", export_root="y", seed=0,
                                    sampling=SamplingParams(), eos_token_ids=[2])

@@ -4,10 +4,23 @@ Sequence-level scores are ``[B]``; GRPO groups are ``B // n`` consecutive blocks
 ``n`` samples of the same prompt. Token tensors are ``[B, T]`` with a 0/1 ``mask``.
 Advantages are constants for the policy loss, so every estimator here runs without
 autograd.
+
+``algorithm.advantage_estimator`` names an entry of ``ADVANTAGE_ESTIMATORS``: a function
+of an ``AdvantageInput`` registered with ``register_advantage_estimator``, which also
+states what the estimator needs (samples per prompt, a critic), for the config
+validation to check before a run starts.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable, Optional
+
 import torch
+
+from asr_grpo.config.registry import Registry
+
+from .kl import token_level_rewards
+from .losses import masked_whiten
 
 
 def _groups(scores: torch.Tensor, n: int, min_n: int = 1) -> torch.Tensor:
@@ -88,23 +101,60 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torc
     return advantages, (advantages + values) * m
 
 
-_OUTCOME_ESTIMATORS = {
-    "group_norm": group_norm_advantages,
-    "rloo": rloo_advantages,
-    "reinforce_baseline": reinforce_baseline_advantages,
-}
+@dataclass(frozen=True)
+class AdvantageInput:
+    """What an estimator may read; sequences arrive grouped, ``group_size``
+    consecutive samples of one prompt."""
+    scores: torch.Tensor                      # [B] sequence rewards
+    mask: torch.Tensor                        # [B, T] response tokens (0/1)
+    group_size: int
+    values: Optional[torch.Tensor] = None     # [B, T] critic values (None without a critic)
+    kl: Optional[torch.Tensor] = None         # [B, T] KL to the reference (None without one)
+    kl_coef: float = 0.0                      # the KL's weight in a per-token reward; 0: KL in the loss
+    gamma: float = 1.0
+    lam: float = 0.95
 
 
-def compute_outcome_advantages(estimator: str, scores: torch.Tensor, n: int,
-                               mask: torch.Tensor) -> torch.Tensor:
-    """Critic-free advantage from sequence scores, broadcast to ``[B, T]``.
+# -> (advantages [B, T], returns [B, T] for a critic to fit, or None)
+EstimatorFn = Callable[[AdvantageInput], tuple[torch.Tensor, Optional[torch.Tensor]]]
 
-    ``estimator`` is ``AlgorithmConfig.advantage_estimator``; ``"gae"`` needs a critic
-    and goes through ``gae_advantages`` instead.
-    """
-    try:
-        fn = _OUTCOME_ESTIMATORS[estimator]
-    except KeyError:
-        raise ValueError(f"unknown outcome advantage estimator {estimator!r}; "
-                         f"valid: {sorted(_OUTCOME_ESTIMATORS)}") from None
-    return broadcast_to_tokens(fn(scores, n), mask)
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    fn: EstimatorFn
+    min_group_size: int = 1      # samples of one prompt it compares (checked against the config)
+    needs_critic: bool = False   # reads `values` (algorithm.use_critic=true)
+    kl_in_reward: bool = False   # takes the KL into its per-token reward (algorithm.kl_in_reward)
+
+
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("algorithm.advantage_estimator")
+
+
+def register_advantage_estimator(name: str, *, min_group_size: int = 1, needs_critic: bool = False,
+                                 kl_in_reward: bool = False) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Decorator: the function becomes `algorithm.advantage_estimator=<name>`."""
+    def register(fn: EstimatorFn) -> EstimatorFn:
+        estimator = AdvantageEstimator(fn, min_group_size, needs_critic, kl_in_reward)
+        ADVANTAGE_ESTIMATORS.register(name)(estimator)
+        return fn
+    return register
+
+
+def _outcome(sequence_fn: Callable[[torch.Tensor, int], torch.Tensor]) -> EstimatorFn:
+    """An estimator from a sequence-level one (``[B]`` scores -> ``[B]``), on every token."""
+    return lambda x: (broadcast_to_tokens(sequence_fn(x.scores, x.group_size), x.mask), None)
+
+
+register_advantage_estimator("group_norm", min_group_size=2)(_outcome(group_norm_advantages))
+register_advantage_estimator("rloo", min_group_size=2)(_outcome(rloo_advantages))
+register_advantage_estimator("reinforce_baseline")(_outcome(reinforce_baseline_advantages))
+
+
+@register_advantage_estimator("gae", needs_critic=True, kl_in_reward=True)
+def gae_estimator(x: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO: GAE over the per-token reward (the score on the last token, minus
+    ``kl_coef`` x KL on every token), advantages whitened over the batch."""
+    kl = x.kl if x.kl is not None else torch.zeros_like(x.mask)
+    rewards = token_level_rewards(x.scores, kl, x.mask, x.kl_coef)
+    adv, ret = gae_advantages(rewards, x.values, x.mask, x.gamma, x.lam)
+    return masked_whiten(adv, x.mask) * x.mask, ret

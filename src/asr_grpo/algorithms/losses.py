@@ -2,15 +2,21 @@
 
 All ``[B, T]`` inputs share a 0/1 ``mask``; metrics are detached 0-d tensors (call
 ``.item()`` when logging, so the training step does not sync the device for them).
+``algorithm.policy_loss`` names an entry of ``POLICY_LOSSES`` (a ``PolicyLoss``).
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 
+from asr_grpo.config.registry import Registry
+
 from .kl import MAX_LOG_RATIO, kl_penalty
+
+if TYPE_CHECKING:
+    from asr_grpo.config.schema import AlgorithmConfig
 
 LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 
@@ -112,6 +118,29 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             "ratio_max": ratio.masked_fill(~real, float("-inf")).max(),
         }
     return loss, metrics
+
+
+class PolicyLoss(Protocol):
+    """What `algorithm.policy_loss=<name>` registers: the policy's loss over a micro-batch
+    of response tokens (``[B, T]``: current and old log-probs, advantages, mask) with the
+    knobs of ``algo``, and its metrics (logged as ``policy/<name>``). ``importance_weights``
+    (stale tokens' truncated IS, or None) multiply the per-token loss."""
+
+    def __call__(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor, algo: AlgorithmConfig, importance_weights: Optional[torch.Tensor] = None,
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("algorithm.policy_loss")
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  algo: AlgorithmConfig, importance_weights: Optional[torch.Tensor] = None,
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``policy_loss`` with the clip range, dual clip and aggregation of ``algo``."""
+    return policy_loss(logp, old_logp, advantages, mask, algo.eps_clip_low, algo.eps_clip_high,
+                       algo.dual_clip, algo.loss_agg, importance_weights=importance_weights)
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,

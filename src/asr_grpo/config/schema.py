@@ -25,14 +25,16 @@ def _choice(name: str, options: str) -> type[Choice]:
     return Choice(name, [(o, o) for o in options.split()], module=__name__, qualname=name)
 
 
+# The extension points (advantage estimators, policy losses, planners, rollout engines)
+# are plain strings here: their choices are whatever is registered under the key
+# (`config/registry.py`), checked by `config/validate.py` before a run starts.
+
+
 AlgorithmName = _choice("AlgorithmName", "grpo ppo")
-AdvantageEstimator = _choice("AdvantageEstimator", "group_norm rloo reinforce_baseline gae")
 KLEstimator = _choice("KLEstimator", "k1 k2 k3")
 LossAgg = _choice("LossAgg", "token_mean seq_mean_token_mean seq_mean_token_sum")
 OverlapMode = _choice("OverlapMode", "none intra inter oppo")
-OverlapController = _choice("OverlapController", "cost_model trial fixed")
 DeltaRule = _choice("DeltaRule", "additive proportional")
-RolloutEngine = _choice("RolloutEngine", "hf vllm")
 SyncBackend = _choice("SyncBackend", "auto gloo nccl")
 PlacementName = _choice("PlacementName", "colocate separate")
 OnBadAudio = _choice("OnBadAudio", "error skip")
@@ -243,7 +245,7 @@ DEFAULT_ROLE_CPUS = {"actor": 0.0, "ref": 0.0, "critic": 0.0, "reward_model": 0.
 @dataclass
 class AlgorithmConfig:
     name: AlgorithmName = AlgorithmName.grpo
-    advantage_estimator: AdvantageEstimator = AdvantageEstimator.rloo
+    advantage_estimator: str = "rloo"   # algorithms/advantages.py: ADVANTAGE_ESTIMATORS
     n_samples_per_prompt: int = 32
     # Train on at most this many of each prompt's n samples, those whose rewards spread most
     # (max-variance down-sampling: decoding is cheap next to training); null: all n.
@@ -257,6 +259,7 @@ class AlgorithmConfig:
     eps_clip_high: float = 0.28
     dual_clip: Optional[float] = 3.0
     value_clip: float = 0.2
+    policy_loss: str = "ppo_clip"       # algorithms/losses.py: POLICY_LOSSES
     loss_agg: LossAgg = LossAgg.token_mean
     entropy_coef: float = 0.0
     use_critic: bool = False
@@ -281,7 +284,7 @@ class OverlapConfig:
     # fitted from the run's own timings, least predicted time per trained sample (serial
     # unless overlap pays); trial: the OPPO paper's periodic chunk trials + reward-slope
     # Δ; fixed: chunk_size and delta_init every step (the forced ablation).
-    controller: OverlapController = OverlapController.cost_model
+    controller: str = "cost_model"      # overlap/planners.py: PLANNERS
     # Overcommit: the hosts check "B groups finished?" every this many decode rounds,
     # whatever the chunk size (which only sets how often tokens stream to the scorers).
     stop_check_every: int = 1
@@ -314,7 +317,7 @@ class RolloutConfig:
     # rollout workers). vllm: vLLM engines as their own Ray actors (GPU machines; the
     # `vllm` extra), one per placement.rollout_num_workers, weights synced from the
     # trainer after every update. Colocated, an engine shares rank i's bundle.
-    engine: RolloutEngine = RolloutEngine.hf
+    engine: str = "hf"                # workers/rollout.py: ROLLOUT_ENGINES
     tensor_parallel_size: int = 1     # GPUs (placement bundles) per vLLM engine
     dtype: str = "${model.dtype}"     # vLLM's dtype ("auto" would turn float32 into float16)
     gpu_memory_utilization: float = 0.3   # share of the GPU's memory vLLM may take

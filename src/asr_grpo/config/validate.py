@@ -1,9 +1,13 @@
 """Cross-field checks the type system can't express. They run on the composed config
-before Ray starts, and every message names the key(s) and the reason."""
+before Ray starts, and every message names the key(s) and the reason. A key an
+extension point selects by name (`config/registry.py`) is checked against what is
+registered under it."""
 from __future__ import annotations
 
+from functools import reduce
 from typing import Any
 
+from asr_grpo.config.registry import loaded_registries
 from asr_grpo.config.reward_file import RewardFunctionError, load_reward_function
 
 
@@ -37,24 +41,13 @@ def config_problems(cfg: Any) -> list[str]:
         if not ok:
             problems.append(message)
 
+    problems += choice_problems(cfg)
     algo, ov, tr, pl = cfg.algorithm, cfg.overlap, cfg.trainer, cfg.placement
     n = algo.n_samples_per_prompt
     need(n >= 1, f"algorithm.n_samples_per_prompt={n}: must be >= 1")
-    least = 2 if algo.advantage_estimator in ("group_norm", "rloo") else 1   # samples a group needs
-    if least == 2:
-        need(n >= 2, f"algorithm.advantage_estimator={algo.advantage_estimator} compares samples of one "
-                     f"prompt: algorithm.n_samples_per_prompt must be >= 2 (got {n})")
-    m = algo.train_samples_per_prompt
-    if m is not None:   # at most m of a group's n train: a smaller n (a quick run) trains all of its own
-        need(m >= least, f"algorithm.train_samples_per_prompt={m}: must be >= {least} for "
-                         f"advantage_estimator={algo.advantage_estimator} (or null: train on all samples)")
     if algo.name == "ppo":
         need(algo.use_critic, "algorithm.name=ppo needs a critic: set algorithm.use_critic=true")
-    if algo.advantage_estimator == "gae":
-        need(algo.use_critic, "algorithm.advantage_estimator=gae needs algorithm.use_critic=true")
-    elif algo.kl_in_reward:
-        problems.append("algorithm.kl_in_reward=true is only supported with advantage_estimator=gae "
-                        "(outcome estimators put the KL in the loss)")
+    _check_advantage_estimator(algo, need)
     need(algo.temperature >= 0, f"algorithm.temperature={algo.temperature}: must be >= 0")
     need(0 < algo.top_p <= 1, f"algorithm.top_p={algo.top_p}: must be in (0, 1]")
     need(algo.max_new_tokens >= 1, f"algorithm.max_new_tokens={algo.max_new_tokens}: must be >= 1")
@@ -90,11 +83,10 @@ def config_problems(cfg: Any) -> list[str]:
     need(ro.sync_check_every >= 0, f"rollout.sync_check_every={ro.sync_check_every}: must be >= 0 (0: off)")
     need(ro.sync_check_sequences >= 1, f"rollout.sync_check_sequences={ro.sync_check_sequences}: must be >= 1")
     need(ro.sync_check_tol > 0, f"rollout.sync_check_tol={ro.sync_check_tol}: must be > 0")
-    if ro.engine == "vllm":
-        from asr_grpo.config.engines import engine_unavailable_reason
-
-        reason = engine_unavailable_reason("vllm")
-        need(reason is None, f"rollout.engine=vllm: {reason}")
+    engines = loaded_registries().get("rollout.engine")   # loaded with the workers (the RL recipe's)
+    if engines is not None and ro.engine in engines:
+        reason = engines.get(ro.engine).unavailable_reason()
+        need(reason is None, f"rollout.engine={ro.engine}: {reason}")
 
     need(tr.steps >= 1, f"trainer.steps={tr.steps}: must be >= 1")
     need(tr.max_minutes is None or tr.max_minutes > 0,
@@ -116,6 +108,57 @@ def config_problems(cfg: Any) -> list[str]:
         problems.append(problem)
     _check_remote_reward(cfg.reward, need)
     return problems
+
+
+def choice_problems(cfg: Any) -> list[str]:
+    """A value no one registered under its key, for every registry loaded (the advantage
+    estimators and policy losses always are: this layer's own)."""
+    import asr_grpo.algorithms  # noqa: F401  (registers them)
+
+    problems = []
+    for key, registry in loaded_registries().items():
+        try:
+            value = reduce(getattr, key.split("."), cfg)
+        except AttributeError:   # a registry for another config (a test's own)
+            continue
+        if isinstance(value, str) and value not in registry:
+            problems.append(registry.unknown(value))
+    components = loaded_registries().get("reward.weights")   # loaded with the rewards
+    if components is not None and builtin_reward(cfg.reward):
+        unknown = [k for k in cfg.reward.weights if k not in components]
+        if unknown:   # the built-in reward combines registered components only
+            problems.append(f"reward.weights: {', '.join(unknown)}: not a reward component; "
+                            f"registered: {', '.join(components.names())}")
+    return problems
+
+
+def builtin_reward(reward: Any) -> bool:
+    """Whether the run's reward is the built-in reward file (not the user's, not a service)."""
+    return not reward.reward_file and not reward.remote.urls
+
+
+def _check_advantage_estimator(algo: Any, need) -> None:
+    """What the chosen estimator needs: samples of one prompt, a critic, or not the KL in the reward."""
+    from asr_grpo.algorithms import ADVANTAGE_ESTIMATORS
+
+    name = algo.advantage_estimator
+    if name not in ADVANTAGE_ESTIMATORS:
+        return   # choice_problems said so
+    estimator, n = ADVANTAGE_ESTIMATORS.get(name), algo.n_samples_per_prompt
+    least = estimator.min_group_size
+    if least > 1:
+        need(n >= least, f"algorithm.advantage_estimator={name} compares samples of one "
+                         f"prompt: algorithm.n_samples_per_prompt must be >= {least} (got {n})")
+    m = algo.train_samples_per_prompt
+    if m is not None:   # at most m of a group's n train: a smaller n (a quick run) trains all of its own
+        need(m >= least, f"algorithm.train_samples_per_prompt={m}: must be >= {least} for "
+                         f"advantage_estimator={name} (or null: train on all samples)")
+    if estimator.needs_critic:
+        need(algo.use_critic, f"algorithm.advantage_estimator={name} needs algorithm.use_critic=true")
+    if algo.kl_in_reward and not estimator.kl_in_reward:
+        able = ", ".join(k for k, e in ADVANTAGE_ESTIMATORS.items() if e.kl_in_reward)
+        need(False, f"algorithm.kl_in_reward=true is only supported with advantage_estimator={able} "
+                    f"(the others put the KL in the loss)")
 
 
 def _check_remote_reward(reward: Any, need) -> None:

@@ -1,5 +1,6 @@
-"""Driver-side advantage estimation over a step's finished sequences (GRPO outcome
-estimators or PPO GAE with the critic), KL to the reference in the reward or not."""
+"""Driver-side advantage estimation over a step's finished sequences with the estimator
+`algorithm.advantage_estimator` names (GRPO outcome estimators, or PPO GAE with the
+critic), KL to the reference in the reward or not."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,14 +8,7 @@ from typing import Sequence
 
 import torch
 
-from asr_grpo.algorithms import (
-    compute_outcome_advantages,
-    gae_advantages,
-    kl_penalty,
-    masked_mean,
-    masked_whiten,
-    token_level_rewards,
-)
+from asr_grpo.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, kl_penalty, masked_mean
 from asr_grpo.config.schema import AlgorithmConfig
 from asr_grpo.experience.tensors import length_mask, pad_ragged, unpad
 
@@ -37,14 +31,15 @@ def estimate_advantages(algo: AlgorithmConfig, scores: torch.Tensor, lengths: Se
     if ref_logprobs is not None:
         kl = kl_penalty(pad_ragged(old_logprobs, width), pad_ragged(ref_logprobs, width), algo.kl_estimator) * mask
         metrics["kl/policy_ref"] = float(masked_mean(kl, mask))
-    if algo.advantage_estimator == "gae":
-        if values is None:
-            raise ValueError("algorithm.advantage_estimator=gae needs the critic (algorithm.use_critic=true)")
-        coef = algo.kl_coef if (algo.kl_in_reward and kl is not None) else 0.0
-        rewards = token_level_rewards(scores, kl if kl is not None else torch.zeros_like(mask), mask, coef)
-        adv, ret = gae_advantages(rewards, pad_ragged(values, width), mask, algo.gamma, algo.lam)
-        adv = masked_whiten(adv, mask) * mask
-        metrics["charts/returns_mean"] = float(masked_mean(ret, mask))
-        return Advantages(unpad(adv, lengths), unpad(ret, lengths), metrics)
-    adv = compute_outcome_advantages(algo.advantage_estimator, scores, group_size, mask)
-    return Advantages(unpad(adv, lengths), None, metrics)
+    estimator = ADVANTAGE_ESTIMATORS.get(algo.advantage_estimator)
+    if estimator.needs_critic and values is None:
+        raise ValueError(f"algorithm.advantage_estimator={algo.advantage_estimator} needs the critic "
+                         "(algorithm.use_critic=true)")
+    coef = algo.kl_coef if (algo.kl_in_reward and kl is not None) else 0.0
+    adv, ret = estimator.fn(AdvantageInput(
+        scores, mask, group_size, values=pad_ragged(values, width) if values is not None else None, kl=kl,
+        kl_coef=coef, gamma=algo.gamma, lam=algo.lam))
+    if ret is None:
+        return Advantages(unpad(adv, lengths), None, metrics)
+    metrics["charts/returns_mean"] = float(masked_mean(ret, mask))
+    return Advantages(unpad(adv, lengths), unpad(ret, lengths), metrics)

@@ -1,7 +1,7 @@
 """Micro-batch losses of the policy and the critic: pack the items, run the model, apply
-the pure losses from `algorithms`. Shared by every worker that trains. The losses are
-computed on the model's device (the experience fields go there), from the response
-positions' logits only."""
+the pure losses from `algorithms` (the policy's is the one `algorithm.policy_loss` names).
+Shared by every worker that trains. The losses are computed on the model's device (the
+experience fields go there), from the response positions' logits only."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -9,12 +9,12 @@ from typing import Sequence
 import torch
 
 from asr_grpo.algorithms import (
+    POLICY_LOSSES,
     aggregate_loss,
     entropy_from_logits,
     explained_variance,
     kl_penalty,
     logprobs_from_logits,
-    policy_loss,
     truncated_importance_weights,
     value_loss,
 )
@@ -50,8 +50,9 @@ def actor_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig,
         # Tokens decoded by an older policy (carried over by overcommit): truncated IS.
         weights = truncated_importance_weights(old, _field(items, "behaviour_logprobs", T, dev),
                                                algo.stale_is_clip)
-    loss, metrics = policy_loss(logp, old, _field(items, "advantages", T, dev), mask, algo.eps_clip_low,
-                                algo.eps_clip_high, algo.dual_clip, algo.loss_agg, importance_weights=weights)
+    loss_fn = POLICY_LOSSES.get(algo.policy_loss)
+    advantages = _field(items, "advantages", T, dev)
+    loss, metrics = loss_fn(logp, old, advantages, mask, algo, importance_weights=weights)
     metrics = {f"policy/{k}": v for k, v in metrics.items()}
     metrics["loss/policy"] = loss.detach()
     if not algo.kl_in_reward and algo.kl_coef > 0:

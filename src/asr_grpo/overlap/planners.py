@@ -18,13 +18,17 @@ Each overlap mode opens a search space: `intra` the chunk (streaming or not), `i
 
 Every planner carries its whole state in `state_dict()`: a resumed run plans as the
 uninterrupted run would have from the same measurements.
+
+`overlap.controller=<name>` picks the class registered under that name in `PLANNERS`
+(a `Planner`, built by its `from_config`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
+from asr_grpo.config.registry import Registry
 from asr_grpo.config.schema import OverlapMode
 from asr_grpo.config.validate import ConfigError
 from asr_grpo.overlap.controllers import ChunkSizeController, DeltaController
@@ -61,6 +65,38 @@ class StepObservation:
     reward_wait_s: float = 0.0   # time blocked on reward results (perf/time/reward_wait)
 
 
+@dataclass(frozen=True)
+class PlannerContext:
+    """What a planner is built with besides `overlap.*`: the run's B and what its mode allows."""
+    prompts_per_step: int
+    streams: bool                       # the mode streams chunks to the scorers (intra, oppo)
+    overcommits: bool                   # the mode admits B + Δ groups (inter, oppo)
+    stream_hidden_prior: float = 0.0    # first guess at the share of streamed scoring the decode hides
+    streams_rewards: bool = False       # rewards are requested as sequences finish (a reward service)
+
+
+class Planner(Protocol):
+    """What the scheduler calls on a planner, and how `make_planner` builds one."""
+
+    @classmethod
+    def from_config(cls, cfg, ctx: PlannerContext) -> "Planner":
+        """A planner for `overlap` config `cfg`, searching what `ctx` allows."""
+
+    def plan(self, step: int) -> StepPlan:
+        """The chunk and Δ step `step` runs with (the mode bounds them afterwards)."""
+
+    def observe(self, obs: StepObservation) -> dict[str, float]:
+        """Learn from a finished step; returns metrics to log."""
+
+    def state_dict(self) -> dict:
+        """Everything it has learnt (checkpointed with the run)."""
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+PLANNERS: Registry[type[Planner]] = Registry("overlap.controller")
+
+
 def merge_decode_stats(parts: list[dict]) -> dict:
     """The hosts' decode stats as one (rounds binned by live rows, summed)."""
     rounds: dict[int, list[float]] = {}
@@ -79,10 +115,16 @@ def decode_seconds(stats: dict) -> float:
     return sum(s for _, s in stats.get("rounds", {}).values()) + stats.get("prefill_seconds", 0.0)
 
 
+@PLANNERS.register("fixed")
 class FixedPlanner:
 
     def __init__(self, chunk: int | None, delta: int):
         self._plan = StepPlan(chunk, delta)
+
+    @classmethod
+    def from_config(cls, cfg, ctx: PlannerContext) -> "FixedPlanner":
+        return cls(int(cfg.chunk_size) if ctx.streams else None,
+                   int(cfg.delta_init) if ctx.overcommits else 0)
 
     def plan(self, step: int) -> StepPlan:
         return self._plan
@@ -97,6 +139,7 @@ class FixedPlanner:
         pass
 
 
+@PLANNERS.register("trial")
 class TrialPlanner:
     """The paper's two controllers side by side (a mode without streaming runs no trials)."""
 
@@ -104,6 +147,10 @@ class TrialPlanner:
         self.streams = streams
         self.chunk_ctrl = ChunkSizeController.from_config(cfg)
         self.delta_ctrl = DeltaController.from_config(cfg)
+
+    @classmethod
+    def from_config(cls, cfg, ctx: PlannerContext) -> "TrialPlanner":
+        return cls(cfg, ctx.streams)
 
     def plan(self, step: int) -> StepPlan:
         chunk = self.chunk_ctrl.chunk_for_step(step) if self.streams else None
@@ -127,6 +174,7 @@ class TrialPlanner:
             self.delta_ctrl.load_state_dict(state["delta_ctrl"])
 
 
+@PLANNERS.register("cost_model")
 class CostModelPlanner:
 
     def __init__(self, cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0,
@@ -144,6 +192,11 @@ class CostModelPlanner:
         # The planned step's predicted decode (the same for any chunk): a streaming step's
         # decode is measured against it to see how much streaming slowed the decode.
         self._planned_decode_s: float | None = None
+
+    @classmethod
+    def from_config(cls, cfg, ctx: PlannerContext) -> "CostModelPlanner":
+        return cls(cfg, ctx.prompts_per_step, ctx.stream_hidden_prior, ctx.streams, ctx.overcommits,
+                   ctx.streams_rewards)
 
     def plan(self, step: int) -> StepPlan:
         self._planned_decode_s = None
@@ -242,8 +295,8 @@ class ReplayPlanner:
 
 
 def make_planner(cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0,
-                 recorded_plans: Mapping[int, dict] | None = None, streams_rewards: bool = False):
-    """The planner of `cfg.controller`, searching what `cfg.mode` allows; with
+                 recorded_plans: Mapping[int, dict] | None = None, streams_rewards: bool = False) -> Planner:
+    """The planner `cfg.controller` names, searching what `cfg.mode` allows; with
     `cfg.replay_plan`, a `ReplayPlanner` of `recorded_plans` (that run's record, read
     from MLflow by the caller: this layer knows nothing of MLflow)."""
     if getattr(cfg, "replay_plan", ""):
@@ -254,10 +307,5 @@ def make_planner(cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0,
     streams, overcommits = MODES[OverlapMode(cfg.mode)]
     if not (streams or overcommits):
         return FixedPlanner(None, 0)
-    if cfg.controller == "fixed":
-        return FixedPlanner(int(cfg.chunk_size) if streams else None, int(cfg.delta_init) if overcommits else 0)
-    if cfg.controller == "trial":
-        return TrialPlanner(cfg, streams)
-    if cfg.controller == "cost_model":
-        return CostModelPlanner(cfg, prompts_per_step, stream_hidden_prior, streams, overcommits, streams_rewards)
-    raise ValueError(f"overlap.controller={cfg.controller!r}: expected cost_model, trial or fixed")
+    ctx = PlannerContext(prompts_per_step, streams, overcommits, stream_hidden_prior, streams_rewards)
+    return PLANNERS.get(cfg.controller).from_config(cfg, ctx)

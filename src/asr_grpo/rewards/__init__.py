@@ -6,8 +6,8 @@ Knows nothing of models. `text` is also the project's evaluation metric code.
 """
 from asr_grpo.rewards.combine import RewardResult, combine, score_samples
 from asr_grpo.rewards.components import (
-    COMPONENTS,
     DEFAULT_WEIGHTS,
+    REWARD_COMPONENTS,
     RewardSample,
     cer_score,
     keyword_recall,
@@ -35,8 +35,8 @@ from asr_grpo.rewards.text import (
 )
 
 __all__ = [
-    "BUILTIN_REWARD_FILE", "COMPONENTS", "DEFAULT_WEIGHTS", "LANGUAGE_CODES",
-    "LANGUAGE_NAMES", "RewardCallFailed", "RewardFunctionError", "RewardResult", "RewardTimeout", "RewardSample",
+    "BUILTIN_REWARD_FILE", "DEFAULT_WEIGHTS", "LANGUAGE_CODES", "LANGUAGE_NAMES", "REWARD_COMPONENTS",
+    "RewardCallFailed", "RewardFunctionError", "RewardResult", "RewardTimeout", "RewardSample",
     "call_reward_function", "cer_score", "char_error_rate", "combine",
     "error_rates_by_language", "keyword_recall", "language_consistency",
     "load_reward_function", "normalize_text", "sanitize",

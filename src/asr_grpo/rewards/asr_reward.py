@@ -16,12 +16,13 @@ stripped), languages (codes: "en", "zh", "de", ...), keywords (list of lists), f
 lm_scores (one float in [0, 1] per sample, or None/absent: the text LM's fluency of
 each response, see asr_grpo.models.text_lm; `reward.smoothness_scorer: lm`).
 
-Here rewards = the weighted, weight-normalised sum of the four components
-(cer, keyword, language, smoothness; see asr_grpo.rewards.components), scores = the
-same total (so dynamic filtering sees the signal being trained on), extra_logs = each
-component. With lm_scores, the smoothness component IS lm_scores (the rule-based
-score is still computed and logged as extra_logs["smoothness_rule"], never part of
-the total); without them nothing changes. An lm_scores value
+Here rewards = the weighted, weight-normalised sum of the registered components
+(cer, keyword, language, smoothness and any other in
+asr_grpo.rewards.components.REWARD_COMPONENTS), scores = the same total (so dynamic
+filtering sees the signal being trained on), extra_logs = each component. With
+lm_scores, the smoothness component IS lm_scores (the rule-based score is still computed
+and logged as extra_logs["smoothness_rule"], never part of the total); without them
+nothing changes. An lm_scores value
 outside [0, 1] is an error; a non-finite one is passed on, so the caller's
 on_bad_reward policy (error | drop) handles that sample.
 """

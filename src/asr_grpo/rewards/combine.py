@@ -6,7 +6,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from asr_grpo.rewards.components import COMPONENTS, RewardSample
+from asr_grpo.rewards.components import REWARD_COMPONENTS, RewardSample
 
 
 def combine(components: Mapping[str, torch.Tensor],
@@ -119,5 +119,5 @@ def score_samples(samples: Sequence[RewardSample],
                   weights: Mapping[str, float]) -> RewardResult:
     """Compute every registered component for each sample and combine them."""
     components = {name: torch.tensor([fn(s) for s in samples], dtype=torch.float32)
-                  for name, fn in COMPONENTS.items()}
+                  for name, fn in REWARD_COMPONENTS.items()}
     return RewardResult(total=combine(components, weights), components=components)

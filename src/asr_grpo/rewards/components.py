@@ -29,6 +29,10 @@ Formulas (all text is first passed through `normalize_text`):
                     tokens without EOS: almost always a loop) else 1.
   Smoothness scores degeneration only; an empty or wrong transcript can be smooth,
   accuracy is the cer component's job.
+
+A component is a function of a `RewardSample` registered in `REWARD_COMPONENTS`; the
+built-in reward file scores every registered component and combines those that
+`reward.weights` weighs (the others are logged).
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from asr_grpo.config.registry import Registry
 from asr_grpo.data.languages import language as language_info
 from asr_grpo.data.languages import script_share
 from asr_grpo.rewards.text import normalize_text, utterance_cer, words
@@ -107,16 +112,16 @@ class RewardSample:
     response: str = ""                    # raw response text, for custom components
 
 
-Component = Callable[[RewardSample], float]
+Component = Callable[[RewardSample], float]   # -> a score in [0, 1]
 
-COMPONENTS: dict[str, Component] = {
-    "cer": lambda s: cer_score(s.transcript, s.reference, s.language),
-    "keyword": lambda s: keyword_recall(s.transcript, s.keywords, s.language),
-    "language": lambda s: language_consistency(
-        s.transcript, s.language, s.declared_language),
-    "smoothness": lambda s: smoothness(
-        s.transcript, s.reference, s.language, s.finish_reason),
-}
+# Keyed by `reward.weights`: a weight names a registered component.
+REWARD_COMPONENTS: Registry[Component] = Registry("reward.weights")
+REWARD_COMPONENTS.register("cer")(lambda s: cer_score(s.transcript, s.reference, s.language))
+REWARD_COMPONENTS.register("keyword")(lambda s: keyword_recall(s.transcript, s.keywords, s.language))
+REWARD_COMPONENTS.register("language")(lambda s: language_consistency(s.transcript, s.language,
+                                                                       s.declared_language))
+REWARD_COMPONENTS.register("smoothness")(lambda s: smoothness(s.transcript, s.reference, s.language,
+                                                               s.finish_reason))
 
 # Mirrors RewardConfig.weights' default (a test keeps the two equal).
 DEFAULT_WEIGHTS: dict[str, float] = {

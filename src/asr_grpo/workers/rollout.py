@@ -1,17 +1,20 @@
-"""A separate rollout worker (placement=separate): its own copy of the policy, decoding
-with the HF engine; fresh weights arrive from trainer rank 0 over the sync group.
+"""The rollout engines a run can use (`rollout.engine=<name>`, `ROLLOUT_ENGINES`), and the
+HF one's worker for placement=separate: its own copy of the policy, decoding with the HF
+engine; fresh weights arrive from trainer rank 0 over the sync group.
 `rollout_ranks` / `rollout_role_spec` / `sync_backend` pick the workers for the
-configured engine (rollout=hf|vllm; vLLM engines: workers/vllm_rollout.py)."""
+configured engine (vLLM engines: workers/vllm_rollout.py)."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
+from asr_grpo.config.registry import Registry
 from asr_grpo.distributed.deepspeed_strategy import backend_for_device
 from asr_grpo.distributed.placement import PlacementPlan
 from asr_grpo.distributed.weight_sync import WeightSyncGroup
 from asr_grpo.experience.types import SequenceRef
+from asr_grpo.rollout import vllm_unavailable_reason
 from asr_grpo.workers.base import ModelRole
 from asr_grpo.workers.rollout_host import RolloutHost, hf_engine
 
@@ -39,23 +42,74 @@ class RolloutRole(ModelRole, RolloutHost):
         return self._logprobs(self.model, seqs, self.cfg.trainer.micro_batch_size, temperature)
 
 
+class EngineSpec:
+    """What `@ROLLOUT_ENGINES.register("<name>")` registers: a subclass naming the actor
+    class that hosts the engine in workers of its own (`role`, or `role_spec` where the
+    plan or the init arguments differ) and, where the defaults do not fit, whether the
+    engine can run here and how many rollout slots it takes. The actor builds its engine
+    from the run config and serves `RolloutHost`'s calls, plus what the recipe asks of a
+    rollout worker: `weight_sync_ranks`, `join_weight_sync`, `receive_weights`,
+    `compute_logprobs` (the sync check) and, with rollout.sleep_level, `sleep`."""
+
+    role: type
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """None when the engine can run here, else why not (cheap: checked at validation)."""
+        return None
+
+    @classmethod
+    def rollout_ranks(cls, cfg) -> int:
+        """Rollout slots to plan (0: the policy ranks decode themselves)."""
+        return int(cfg.placement.rollout_num_workers)
+
+    @classmethod
+    def role_spec(cls, cfg, plan: PlacementPlan) -> tuple[type, PlacementPlan, dict]:
+        """(role class, plan for its RoleGroup, extra init kwargs)."""
+        return cls.role, plan, {}
+
+
+ROLLOUT_ENGINES: Registry[type[EngineSpec]] = Registry("rollout.engine")
+
+
+@ROLLOUT_ENGINES.register("hf")
+class HFEngine(EngineSpec):
+    """The policy's own forward: colocated, the actor ranks decode (no rollout role)."""
+    role = RolloutRole
+
+    @classmethod
+    def rollout_ranks(cls, cfg) -> int:
+        return 0 if cfg.placement.colocate else int(cfg.placement.rollout_num_workers)
+
+
+@ROLLOUT_ENGINES.register("vllm")
+class VLLMEngine(EngineSpec):
+    """vLLM engines as Ray actors, each on rollout.tensor_parallel_size slots, colocated or not."""
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return vllm_unavailable_reason()
+
+    @classmethod
+    def rollout_ranks(cls, cfg) -> int:
+        return int(cfg.placement.rollout_num_workers) * int(cfg.rollout.tensor_parallel_size)
+
+    @classmethod
+    def role_spec(cls, cfg, plan: PlacementPlan) -> tuple[type, PlacementPlan, dict]:
+        from asr_grpo.workers.vllm_rollout import VLLMRolloutRole, engine_plan
+
+        engines, bundles = engine_plan(plan, cfg.rollout.tensor_parallel_size)
+        return VLLMRolloutRole, engines, {"bundle_indices": bundles}
+
+
 def rollout_ranks(cfg) -> int:
-    """Rollout slots to plan: colocated HF rollout runs on the actor ranks (none); a
-    vLLM engine takes rollout.tensor_parallel_size slots, colocated or not."""
-    workers = int(cfg.placement.rollout_num_workers)
-    if cfg.rollout.engine == "hf":
-        return 0 if cfg.placement.colocate else workers
-    return workers * int(cfg.rollout.tensor_parallel_size)
+    """Rollout slots the configured engine needs (0: colocated HF, the actor ranks decode)."""
+    return ROLLOUT_ENGINES.get(cfg.rollout.engine).rollout_ranks(cfg)
 
 
 def rollout_role_spec(cfg, plan: PlacementPlan) -> tuple[type, PlacementPlan, dict]:
     """(role class, plan for its RoleGroup, extra init kwargs) for rollout.engine."""
-    if cfg.rollout.engine == "hf":
-        return RolloutRole, plan, {}
-    from asr_grpo.workers.vllm_rollout import VLLMRolloutRole, engine_plan
-
-    engines, bundles = engine_plan(plan, cfg.rollout.tensor_parallel_size)
-    return VLLMRolloutRole, engines, {"bundle_indices": bundles}
+    return ROLLOUT_ENGINES.get(cfg.rollout.engine).role_spec(cfg, plan)
 
 
 def sync_backend(cfg) -> str:
