@@ -1,4 +1,4 @@
-"""torch threads follow the phase of the step (roles/base.py): a rank computing alone takes
+"""torch threads follow the phase of the step (workers/threads.py): a rank computing alone takes
 the node's cores, ranks computing side by side split them, an integer pins every phase."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from asr_grpo.config.schema import PlacementConfig
 from asr_grpo.distributed.placement import create_placement_group, plan_placement
-from asr_grpo.workers.base import phase_threads
+from asr_grpo.workers.threads import phase_threads
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +57,15 @@ def test_the_roles_methods_carry_their_phase():
     from asr_grpo.workers.reward_model import RewardModelRole
 
     seen = {f"{cls.__name__}.{m}": getattr(getattr(cls, m), "thread_phase", None) for cls, m in [
-        (PolicyRole, "train"), (PolicyRole, "transcribe"), (PolicyRole, "compute_logprobs"), (PolicyRole, "decode"),
+        (PolicyRole, "train"), (PolicyRole, "transcribe"), (PolicyRole, "compute_logprobs"),
+        (PolicyRole, "decode"),
         (ReferenceRole, "compute_logprobs"), (ReferenceRole, "stream"), (CriticRole, "compute_values"),
         (CriticRole, "train"), (CriticRole, "stream"), (RewardModelRole, "compute_fluency")]}
-    expected = {"PolicyRole.train": "train", "PolicyRole.transcribe": "solo", "PolicyRole.compute_logprobs": "shared",
+    expected = {"PolicyRole.train": "train", "PolicyRole.transcribe": "solo",
+                "PolicyRole.compute_logprobs": "shared",
                 "ReferenceRole.compute_logprobs": "shared", "ReferenceRole.stream": "shared",
-                "CriticRole.compute_values": "shared", "CriticRole.train": "train", "CriticRole.stream": "shared",
+                "CriticRole.compute_values": "shared", "CriticRole.train": "train",
+                "CriticRole.stream": "shared",
                 "RewardModelRole.compute_fluency": "shared"}
     assert seen.pop("PolicyRole.decode") == "solo"
     assert seen == expected
@@ -83,7 +86,8 @@ def probe_cls():
 
     import torch
 
-    from asr_grpo.workers.base import ModelRole, node_cores, phase
+    from asr_grpo.workers.base import ModelRole
+    from asr_grpo.workers.threads import node_cores, phase
 
     class ThreadProbe(ModelRole):
         def seen(self) -> dict:

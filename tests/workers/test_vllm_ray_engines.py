@@ -16,7 +16,8 @@ from asr_grpo.recipes.rl import RLRecipe
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not importable here (CI's vLLM leg runs this)")]
+              pytest.mark.skipif(not HAVE_VLLM,
+                                 reason="vLLM is not importable here (CI's vLLM leg runs this)")]
 
 PLACEMENTS = {
     # One bundle: actor, reference and the engine share it (the engine's share beside the actor's).
@@ -57,7 +58,8 @@ def test_vllm_engine_actor_follows_every_update(root, placement):
         torch.testing.assert_close(before, _logprobs(recipe.policy, probe), rtol=0, atol=1e-4)
         steps = [recipe.train_step(step) for step in range(2)]
         for m in steps:
-            assert m["rollout/sync/tokens"] > 0 and m["rollout/sync/max_abs_diff"] <= recipe.cfg.rollout.sync_check_tol
+            assert m["rollout/sync/tokens"] > 0
+            assert m["rollout/sync/max_abs_diff"] <= recipe.cfg.rollout.sync_check_tol
         trainer, engine = _logprobs(recipe.policy, probe), _logprobs(recipe.rollout_group, probe)
         assert (trainer - before).abs().max() > 1e-3            # the updates moved the policy
         torch.testing.assert_close(engine, trainer, rtol=0, atol=1e-4)   # and the engine followed

@@ -46,7 +46,8 @@ def test_colocated_vllm_engines_share_the_actor_bundles(tmp_path):
     cfg = compose_cfg(tmp_path, "rollout=vllm", "placement.actor_gpus=0.5", "placement.rollout_gpus=0.4")
     assert rollout_ranks(cfg) == 1
     plan = _plan(cfg)
-    assert [s.bundle_index for s in plan.ranks("rollout")] == [0] == [s.bundle_index for s in plan.ranks("actor")]
+    bundles = {role: [s.bundle_index for s in plan.ranks(role)] for role in ("rollout", "actor")}
+    assert bundles["rollout"] == [0] == bundles["actor"]
     assert sync_backend(cfg) == "gloo"   # one GPU for both ends: NCCL would refuse
     assert sync_backend(compose_cfg(tmp_path, "rollout=vllm", "rollout.sync_backend=nccl")) == "nccl"
     # The default fractions leave no room next to actor 0.75 + ref 0.1: said at planning time.
@@ -61,7 +62,8 @@ def test_tensor_parallel_engines_span_consecutive_bundles(tmp_path):
     assert len(plan.ranks("rollout")) == 4
     engines, bundles = engine_plan(plan, 2)
     assert bundles == [[2, 3], [4, 5]]   # after actor (0) and ref (1)
-    assert [(s.rank, s.bundle_index, s.num_gpus) for s in engines.ranks("rollout")] == [(0, 2, 0.0), (1, 4, 0.0)]
+    placed = [(s.rank, s.bundle_index, s.num_gpus) for s in engines.ranks("rollout")]
+    assert placed == [(0, 2, 0.0), (1, 4, 0.0)]
     assert engines.ranks("actor") == plan.ranks("actor")
     same, one = engine_plan(plan, 1)
     assert same is plan and one == [[2], [3], [4], [5]]
@@ -82,5 +84,6 @@ def test_rollout_knobs_are_checked(tmp_path):
     cfg = compose_cfg(tmp_path, "rollout.sleep_level=3", "rollout.gpu_memory_utilization=0",
                       "rollout.tensor_parallel_size=0")
     text = "\n".join(config_problems(cfg))
-    for key in ("rollout.sleep_level=3", "rollout.gpu_memory_utilization=0", "rollout.tensor_parallel_size=0"):
+    for key in ("rollout.sleep_level=3", "rollout.gpu_memory_utilization=0",
+                "rollout.tensor_parallel_size=0"):
         assert key in text

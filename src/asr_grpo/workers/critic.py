@@ -13,8 +13,11 @@ from asr_grpo.models import load_processor
 from asr_grpo.models.critic import ValueModel, value_forward
 from asr_grpo.models.streaming import identity_score
 from asr_grpo.tracking import busy
-from asr_grpo.workers.base import ModelRole, join_process_group, phase, rng_state, set_rng_state
+from asr_grpo.workers.base import ModelRole
+from asr_grpo.workers.device import join_process_group
+from asr_grpo.workers.rng import rng_state, set_rng_state
 from asr_grpo.workers.streaming import StreamScoringRole
+from asr_grpo.workers.threads import phase
 from asr_grpo.workers.training import run_updates
 
 

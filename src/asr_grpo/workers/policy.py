@@ -17,8 +17,11 @@ from asr_grpo.experience.losses import actor_loss
 from asr_grpo.experience.types import ExperienceItem, SequenceRef
 from asr_grpo.models import load_model, save_hf_checkpoint, set_audio_encoder_frozen
 from asr_grpo.tracking import busy
-from asr_grpo.workers.base import ModelRole, join_process_group, phase, rng_state, set_rng_state
+from asr_grpo.workers.base import ModelRole
+from asr_grpo.workers.device import join_process_group
+from asr_grpo.workers.rng import rng_state, set_rng_state
 from asr_grpo.workers.rollout_host import RolloutHost, hf_engine
+from asr_grpo.workers.threads import phase
 from asr_grpo.workers.training import run_updates
 
 

@@ -9,8 +9,9 @@ from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models.kv_batch import causal_lm_forward
 from asr_grpo.models.streaming import token_logprobs
 from asr_grpo.tracking import busy
-from asr_grpo.workers.base import ModelRole, phase
+from asr_grpo.workers.base import ModelRole
 from asr_grpo.workers.streaming import StreamScoringRole
+from asr_grpo.workers.threads import phase
 
 
 class ReferenceRole(ModelRole, StreamScoringRole):

@@ -20,8 +20,10 @@ from asr_grpo.models.text_lm import (
     start_token_id,
 )
 from asr_grpo.tracking import busy
-from asr_grpo.workers.base import ModelRole, phase, role_device
+from asr_grpo.workers.base import ModelRole
+from asr_grpo.workers.device import role_device
 from asr_grpo.workers.streaming import StreamScoringRole
+from asr_grpo.workers.threads import phase
 
 
 class RewardModelRole(ModelRole, StreamScoringRole):

@@ -17,7 +17,7 @@ from asr_grpo.distributed.faults import RestartAware
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.models.streaming import StreamingScorer
 from asr_grpo.tracking import busy
-from asr_grpo.workers.base import phase
+from asr_grpo.workers.threads import phase
 
 
 class StreamScoringRole(RestartAware):
