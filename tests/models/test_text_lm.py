@@ -1,5 +1,6 @@
-"""The text LM behind `reward.smoothness_scorer: lm`: training, fluency, save/load,
-batch-invariant scoring, the cache, and `lm_scores` in the built-in reward."""
+"""The text LM behind `reward.smoothness_scorer: lm`: its training (recipes/text_lm_training.py),
+fluency, save/load, batch-invariant scoring, the cache (recipes/text_lm_cache.py), and
+`lm_scores` in the built-in reward."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,6 @@ from asr_grpo.models import train_tokenizer
 from asr_grpo.models.text_lm import (
     TextLMSettings,
     encode_training_sequence,
-    ensure_text_lm,
     fluency_from_logprobs,
     fluency_scores,
     language_context_ids,
@@ -26,8 +26,9 @@ from asr_grpo.models.text_lm import (
     save_text_lm,
     start_token_id,
     text_lm_metadata,
-    train_text_lm,
 )
+from asr_grpo.recipes.text_lm_cache import ensure_text_lm
+from asr_grpo.recipes.text_lm_training import train_text_lm
 from asr_grpo.rewards import (
     BUILTIN_REWARD_FILE,
     DEFAULT_WEIGHTS,
@@ -176,7 +177,7 @@ def _manifest(root, texts, langs):
 
 
 def test_ensure_text_lm_builds_once_and_rebuilds_when_stale(tok, tmp_path, monkeypatch):
-    from asr_grpo.models import text_lm
+    from asr_grpo.recipes import text_lm_cache
 
     texts, langs = _corpus(30, seed=3)
     train = _manifest(tmp_path, texts, langs)
@@ -186,8 +187,8 @@ def test_ensure_text_lm_builds_once_and_rebuilds_when_stale(tok, tmp_path, monke
     cfg.reward.text_lm_hidden, cfg.reward.text_lm_intermediate = 32, 64
     cfg.reward.text_lm_steps, cfg.reward.text_lm_batch_size = 3, 4
     calls = []
-    real_train = text_lm.train_text_lm
-    monkeypatch.setattr(text_lm, "train_text_lm",
+    real_train = text_lm_cache.train_text_lm
+    monkeypatch.setattr(text_lm_cache, "train_text_lm",
                         lambda *a, **k: calls.append(1) or real_train(*a, **k))
 
     path = ensure_text_lm(cfg, tokenizer=tok)

@@ -1,9 +1,10 @@
 """A tiny text LM over the ASR tokenizer, used as the `lm` smoothness (fluency) scorer.
 
 `Qwen3ForCausalLM` with a few hundred K parameters, trained at set-up on the TRAIN
-split's transcripts (a few hundred AdamW steps, well under a minute on CPU) and cached
-as a normal HF folder. It shares the ASR model's tokenizer, so the ASR model's response
-token ids are scored as they are, with no decode / re-encode.
+split's transcripts (recipes/text_lm_training.py: a few hundred AdamW steps, well under a
+minute on CPU) and cached as a normal HF folder (recipes/text_lm_cache.py). It shares the
+ASR model's tokenizer, so the ASR model's response token ids are scored as they are, with
+no decode / re-encode.
 
 Sequence format. The ASR model's response is `language <Name><asr_text><transcript>`
 then EOS (`<|im_end|>`); the RL prompts prefill the `language <Name><asr_text>` part,
@@ -24,9 +25,9 @@ Fluency. `fluency_from_logprobs` = exp(-max(0, mean_nll - reference_nll)), mean_
 the per-token negative log-likelihood of the scored tokens. With reference_nll = 0
 this is plain inverse perplexity (the geometric-mean token probability: length
 independent, 1 only for a text the LM is certain of). Training records a calibrated
-reference_nll, the FLUENCY_QUANTILE quantile of the per-sentence mean NLL on held-out
-train sentences (in `config.fluency_reference_nll` and the checkpoint metadata): with
-it, a transcript as predictable as a typical corpus sentence scores 1 and one whose
+reference_nll, a high quantile of the per-sentence mean NLL on held-out train
+sentences (in `config.fluency_reference_nll` and the checkpoint metadata): with it, a
+transcript as predictable as a typical corpus sentence scores 1 and one whose
 perplexity is k times higher scores ~1/k. Like the rule scorer, it then scores
 degeneration (loops, word salad, broken character sequences), not accuracy.
 
@@ -34,19 +35,12 @@ Everything here is plain torch / transformers (no Ray): roles wrap it.
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
-import logging
 import math
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -58,19 +52,8 @@ from asr_grpo.models.checkpoint import (
 )
 from asr_grpo.models.tokenizer import ASR_TEXT, IM_END, IM_START, PAD_TOKEN
 
-log = logging.getLogger(__name__)
-
-# Bump when the sequence format or the training recipe changes: cached LMs rebuild.
-TEXT_LM_FORMAT_VERSION = 1
 START_TOKEN = IM_START
-FLUENCY_QUANTILE = 0.9        # reference_nll: this quantile of held-out sentence NLLs
-HOLDOUT_FRACTION = 0.05       # train sentences kept out of training for calibration
-MAX_HOLDOUT = 200
-MIN_TEXTS_FOR_HOLDOUT = 40    # below this every text trains and calibration reuses them
-MAX_TRAIN_TOKENS = 192        # longer training sequences are cut (the corpus' are < 100)
 MAX_POSITIONS = 1024          # RoPE positions: responses (<= max_new_tokens) + context
-WARMUP_FRACTION = 0.05
-MIN_LR_RATIO = 0.1
 
 
 @dataclass(frozen=True)
@@ -86,26 +69,6 @@ class TextLMSettings:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 0
-
-
-@dataclass
-class TextLMTrainResult:
-    model: Qwen3ForCausalLM
-    losses: list[float]               # training loss (mean token NLL) per step
-    reference_nll: float              # calibration for fluency_from_logprobs
-    heldout_nll: float                # mean token NLL on the held-out sentences
-    num_train_texts: int
-    num_heldout_texts: int
-    seconds: float
-
-    def metadata(self) -> dict[str, Any]:
-        first = float(np.mean(self.losses[:10])) if self.losses else float("nan")
-        last = float(np.mean(self.losses[-10:])) if self.losses else float("nan")
-        return {"reference_nll": self.reference_nll, "heldout_nll": self.heldout_nll,
-                "heldout_ppl": math.exp(self.heldout_nll), "loss_first10": first,
-                "loss_last10": last, "num_train_texts": self.num_train_texts,
-                "num_heldout_texts": self.num_heldout_texts, "train_seconds": self.seconds,
-                "parameters": sum(p.numel() for p in self.model.parameters())}
 
 
 # --------------------------------------------------------------------------- format
@@ -155,7 +118,8 @@ def build_text_lm(tokenizer, settings: TextLMSettings = TextLMSettings()) -> Qwe
     return Qwen3ForCausalLM(config)
 
 
-def _pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """Token rows as one [B, longest] tensor, padded on the right with `pad_id`."""
     longest = max(len(r) for r in rows)
     out = torch.full((len(rows), longest), pad_id, dtype=torch.long)
     for i, r in enumerate(rows):
@@ -163,7 +127,7 @@ def _pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
     return out
 
 
-def _token_logprobs(model, input_ids: torch.Tensor) -> torch.Tensor:
+def next_token_logprobs(model, input_ids: torch.Tensor) -> torch.Tensor:
     """[B, L-1]: log p(input_ids[:, t+1] | input_ids[:, :t+1]).
 
     No attention mask: rows are right-padded and attention is causal, so a real token
@@ -172,100 +136,6 @@ def _token_logprobs(model, input_ids: torch.Tensor) -> torch.Tensor:
     """
     logits = model(input_ids=input_ids, use_cache=False).logits[:, :-1].float()
     return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-
-
-def _lr_at(step: int, settings: TextLMSettings) -> float:
-    warmup = max(1, int(WARMUP_FRACTION * settings.steps))
-    if step < warmup:
-        return settings.lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, settings.steps - warmup)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return settings.lr * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * cosine)
-
-
-def _split_holdout(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    order = np.random.default_rng([seed, 1]).permutation(n)
-    if n < MIN_TEXTS_FOR_HOLDOUT:
-        return order, order
-    k = min(MAX_HOLDOUT, max(1, round(HOLDOUT_FRACTION * n)))
-    return order[k:], order[:k]
-
-
-def train_text_lm(tokenizer, texts: Sequence[str], languages: Sequence[str],
-                  settings: TextLMSettings = TextLMSettings(), log_every: int = 0,
-                  num_threads: int | None = 1) -> TextLMTrainResult:
-    """Train the LM on (text, language) pairs; deterministic given settings.seed (CPU).
-
-    A HOLDOUT_FRACTION slice of the texts is kept out of training to calibrate
-    `reference_nll` (all texts are used for both when fewer than MIN_TEXTS_FOR_HOLDOUT).
-    Runs on CPU with `num_threads` torch threads (restored afterwards; None: leave the
-    process' setting): the matrices are so small that one thread is fastest, and on a
-    busy 2-core host several threads were 6-9x slower (spinning on each other).
-    """
-    saved_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
-        return _train(tokenizer, texts, languages, settings, log_every)
-    finally:
-        torch.set_num_threads(saved_threads)
-
-
-def _train(tokenizer, texts: Sequence[str], languages: Sequence[str],
-           settings: TextLMSettings, log_every: int) -> TextLMTrainResult:
-    if len(texts) != len(languages):
-        raise ValueError(f"{len(texts)} texts but {len(languages)} languages")
-    if not texts:
-        raise ValueError("no texts to train the text LM on")
-    t0 = time.monotonic()
-    seqs = [encode_training_sequence(tokenizer, t, lang)[:MAX_TRAIN_TOKENS]
-            for t, lang in zip(texts, languages)]
-    train_idx, held_idx = _split_holdout(len(seqs), settings.seed)
-    model = build_text_lm(tokenizer, settings)
-    model.train()
-    pad_id = model.config.pad_token_id
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "norm" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "norm" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=settings.lr, betas=(0.9, 0.98), eps=1e-8)
-    rng = np.random.default_rng([settings.seed, 2])
-    order, pos = rng.permutation(train_idx), 0
-    losses: list[float] = []
-    for step in range(settings.steps):
-        batch = []
-        while len(batch) < settings.batch_size:
-            if pos == len(order):
-                order, pos = rng.permutation(train_idx), 0
-            batch.append(seqs[order[pos]])
-            pos += 1
-        ids = _pad_right(batch, pad_id)
-        lengths = torch.tensor([len(s) for s in batch])
-        # Targets are tokens 1..len-1 of each row (everything after the start token).
-        valid = torch.arange(ids.shape[1] - 1).unsqueeze(0) < (lengths - 1).unsqueeze(1)
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, settings)
-        loss = -(_token_logprobs(model, ids) * valid).sum() / valid.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-        opt.step()
-        losses.append(loss.item())
-        if log_every and (step % log_every == 0 or step == settings.steps - 1):
-            log.info("text LM step %d/%d loss %.3f", step + 1, settings.steps, losses[-1])
-    model.eval()
-
-    # Calibration on the held-out sentences, scored as the RL case is: tag as context.
-    held_resp = [response_ids(tokenizer, texts[i]) for i in held_idx]
-    held_ctx = [language_context_ids(tokenizer, languages[i]) for i in held_idx]
-    lps = response_token_logprobs(model, held_resp, start_token_id(tokenizer), held_ctx)
-    sentence_nll = np.array([-float(lp.mean()) for lp in lps])
-    reference_nll = float(np.quantile(sentence_nll, FLUENCY_QUANTILE))
-    heldout_nll = -float(torch.cat(lps).mean())
-    model.config.fluency_reference_nll = reference_nll
-    return TextLMTrainResult(model=model, losses=losses, reference_nll=reference_nll,
-                             heldout_nll=heldout_nll, num_train_texts=len(train_idx),
-                             num_heldout_texts=len(held_idx), seconds=time.monotonic() - t0)
 
 
 def save_text_lm(model: Qwen3ForCausalLM, tokenizer, path: str | Path,
@@ -311,7 +181,7 @@ def response_token_logprobs(model, responses: Sequence[Sequence[int]], start_id:
     by_len = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     for b in range(0, len(by_len), batch_size):
         idx = by_len[b:b + batch_size]
-        lp = _token_logprobs(model, _pad_right([rows[i] for i in idx], pad_id).to(device)).cpu()
+        lp = next_token_logprobs(model, pad_right([rows[i] for i in idx], pad_id).to(device)).cpu()
         for j, i in enumerate(idx):
             first = len(ctxs[i])            # logit column predicting response token 0
             out[i] = lp[j, first:first + len(responses[i])].clone()
@@ -345,79 +215,3 @@ def fluency_scores(model, responses: Sequence[Sequence[int]], start_id: int | No
         reference_nll = float(getattr(model.config, "fluency_reference_nll", 0.0))
     return [fluency_from_logprobs(lp, reference_nll)
             for lp in response_token_logprobs(model, responses, start_id, contexts)]
-
-
-# --------------------------------------------------------------------------- caching
-
-def settings_from_config(reward_cfg) -> TextLMSettings:
-    return TextLMSettings(hidden=int(reward_cfg.text_lm_hidden), layers=int(reward_cfg.text_lm_layers),
-                          intermediate=int(reward_cfg.text_lm_intermediate),
-                          steps=int(reward_cfg.text_lm_steps), batch_size=int(reward_cfg.text_lm_batch_size),
-                          lr=float(reward_cfg.text_lm_lr), seed=int(reward_cfg.text_lm_seed))
-
-
-def _fingerprint(tokenizer, texts: Sequence[str], languages: Sequence[str],
-                 settings: TextLMSettings) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps({"version": TEXT_LM_FORMAT_VERSION, "settings": asdict(settings)},
-                        sort_keys=True).encode())
-    h.update(tokenizer.backend_tokenizer.to_str().encode())
-    for t, lang in zip(texts, languages):
-        h.update(f"{lang}\t{t}\n".encode())
-    return h.hexdigest()[:16]
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def train_texts(cfg) -> tuple[list[str], list[str]]:
-    """(texts, languages) of the training manifest (the corpus is built if missing)."""
-    from asr_grpo.data.dataset import resolve_manifests
-    from asr_grpo.data.manifest import read_manifest
-
-    manifests = resolve_manifests(cfg.data, cfg.paths.output_root)
-    utts = read_manifest(manifests.train, on_bad=cfg.data.on_bad_audio,
-                         min_duration_s=cfg.data.min_duration_s,
-                         max_duration_s=cfg.data.max_duration_s,
-                         default_language=cfg.data.default_language).utterances
-    return [u.text for u in utts], [u.language for u in utts]
-
-
-def ensure_text_lm(cfg, tokenizer=None) -> Path:
-    """Path of the trained text LM at `cfg.reward.text_lm_dir`, training it first when
-    missing or stale (a different tokenizer, training text or `reward.text_lm_*`
-    setting changes the fingerprint stored with it). The tokenizer defaults to the
-    ASR model's (`cfg.model.path`, the SFT checkpoint). Safe to call from several
-    processes at once (file lock; the save is atomic)."""
-    if tokenizer is None:
-        if not cfg.model.path:
-            raise ValueError("ensure_text_lm needs the ASR tokenizer: pass tokenizer= or set "
-                             "model.path to the (SFT) checkpoint folder")
-        from asr_grpo.models.builder import load_processor
-        tokenizer = load_processor(cfg.model.path).tokenizer
-    path = Path(cfg.reward.text_lm_dir)
-    settings = settings_from_config(cfg.reward)
-    texts, languages = train_texts(cfg)
-    fingerprint = _fingerprint(tokenizer, texts, languages, settings)
-    with _file_lock(path.with_name(f"{path.name}.lock")):
-        if is_complete_checkpoint(path):
-            if checkpoint_metadata(path).get("fingerprint") == fingerprint:
-                return path
-            log.info("text LM at %s is stale (tokenizer, texts or settings changed): rebuilding",
-                     path)
-        result = train_text_lm(tokenizer, texts, languages, settings, log_every=50)
-        meta = {**result.metadata(), "fingerprint": fingerprint, "settings": asdict(settings),
-                "format_version": TEXT_LM_FORMAT_VERSION, "start_id": start_token_id(tokenizer)}
-        save_text_lm(result.model, tokenizer, path, meta)
-        log.info("text LM trained in %.1f s (loss %.3f -> %.3f, held-out ppl %.2f): %s",
-                 result.seconds, meta["loss_first10"], meta["loss_last10"],
-                 meta["heldout_ppl"], path)
-    return path
