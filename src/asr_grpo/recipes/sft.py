@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from tqdm import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
@@ -30,6 +29,7 @@ from asr_grpo.models import (
     parameter_counts,
     save_hf_checkpoint,
 )
+from asr_grpo.models.ctc import CTCHead
 from asr_grpo.recipes.batching import length_grouped_batches
 from asr_grpo.tracking import MlflowRun
 
@@ -40,31 +40,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-class CTCHead(torch.nn.Module):
-    """Auxiliary CTC over the adapter's audio frames (hybrid CTC/attention training): a
-    linear layer maps each frame to the token vocabulary plus a blank, so the encoder
-    gets a direct, alignment-free signal to carry what is said, instead of waiting for
-    the decoder to discover the audio. SFT only: the checkpoint keeps just the Qwen3-ASR
-    weights."""
-
-    def __init__(self, frame_dim: int, vocab_size: int):
-        super().__init__()
-        self.proj = torch.nn.Linear(frame_dim, vocab_size + 1)
-        self.blank_id = vocab_size
-
-    def loss(self, frames: torch.Tensor, frame_lens: torch.Tensor, labels: torch.Tensor,
-             eos_id: int) -> torch.Tensor:
-        # Targets: the transcript tokens (labels without the ignore index and the EOS).
-        targets = [row[(row != IGNORE_INDEX) & (row != eos_id)] for row in labels]
-        target_lens = torch.tensor([len(t) for t in targets])
-        logp = F.log_softmax(self.proj(frames), dim=-1)
-        # frames arrive flattened over the batch: split per utterance and pad to [T, B, V].
-        per_utt = torch.split(logp, frame_lens.tolist())
-        padded = torch.nn.utils.rnn.pad_sequence(per_utt)
-        return F.ctc_loss(padded, torch.cat(targets), frame_lens, target_lens,
-                          blank=self.blank_id, reduction="mean", zero_infinity=True)
 
 
 def corrupt_transcript_inputs(input_ids: torch.Tensor, labels: torch.Tensor, rate: float,
@@ -157,7 +132,8 @@ class SFTRecipe:
         model = self.model
         features = spec_augment(batch["input_features"], batch["input_features_mask"],
                                 self.cfg.sft.spec_augment, self.augment_rng)
-        frames = model.get_audio_features(features, batch["input_features_mask"], return_dict=True).pooler_output
+        frames = model.get_audio_features(features, batch["input_features_mask"],
+                                          return_dict=True).pooler_output
         audio_mask = batch["input_ids"] == model.config.audio_token_id
         ctc = (self.ctc.loss(frames, audio_mask.sum(dim=1), batch["labels"], self.eos_id)
                if ctc_only or self.cfg.sft.ctc_weight > 0 else None)
@@ -198,8 +174,9 @@ class SFTRecipe:
                 self.optimizer.step()
                 self.scheduler.step()
                 step += 1
+                skipped = skipped_lines([self.train_set, *self.eval_sets.values()])
                 metrics.update({"charts/lr": self.scheduler.get_last_lr()[0], "charts/epoch": epoch,
-                                "data/skipped": float(skipped_lines([self.train_set, *self.eval_sets.values()])),
+                                "data/skipped": float(skipped),
                                 "charts/grad_norm": float(grad_norm),
                                 "perf/steps_per_s": step / (time.monotonic() - start)})
                 tracker.log_metrics(metrics, step=step)
