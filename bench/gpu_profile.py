@@ -190,7 +190,7 @@ def main() -> None:
 
     name = torch.cuda.get_device_name(0) if cuda else "cpu"
     table = {"format": FORMAT, "device": name, "gpus": 1, "dtype": str(model.dtype).replace("torch.", ""),
-             "model": {**OmegaConf.to_container(shape), "params_built": params},
+             "model": {**OmegaConf.to_container(shape, resolve=True), "params_built": params},
              "decode_round_s": decode, "decode_context_tokens": context,
              "forward_call_s": call_s, "prefill_tokens_per_s": pr * pl / prefill_s,
              "train_tokens_per_s": {"actor": tb * tl / actor_s, "critic": tb * tl / critic_s},

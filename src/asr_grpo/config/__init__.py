@@ -1,4 +1,5 @@
 """Typed config schemas and their Hydra registration."""
+from asr_grpo.config.model_shapes import register_model_shape_resolver
 from asr_grpo.config.schema import (
     AlgorithmConfig,
     CorpusConfig,
@@ -15,6 +16,9 @@ from asr_grpo.config.schema import (
     TrainerConfig,
 )
 from asr_grpo.config.store import register_configs
+
+# Before any config loads: conf/forecast_model reads shapes from conf/model through it.
+register_model_shape_resolver()
 
 __all__ = [
     "AlgorithmConfig", "CorpusConfig", "DataConfig", "LoggerConfig", "ModelConfig", "OverlapConfig",

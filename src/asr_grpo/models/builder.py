@@ -13,6 +13,7 @@ from transformers import (
     Qwen3ASRProcessor,
 )
 
+from asr_grpo.config.model_shapes import decoder_head_dim
 from asr_grpo.config.schema import ModelConfig
 from asr_grpo.models.tokenizer import AUDIO_PAD, IM_END, PAD_TOKEN, train_tokenizer
 
@@ -44,7 +45,8 @@ def architecture_config(cfg: ModelConfig, tokenizer) -> Qwen3ASRConfig:
     in conf/model/) around `tokenizer`'s special tokens."""
     ids = tokenizer.convert_tokens_to_ids
     if cfg.vocab_size and cfg.vocab_size < len(tokenizer):
-        raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer ({len(tokenizer)} tokens)")
+        raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer "
+                         f"({len(tokenizer)} tokens)")
     return Qwen3ASRConfig(
         audio_config={
             "model_type": "qwen3_asr_encoder",
@@ -64,7 +66,7 @@ def architecture_config(cfg: ModelConfig, tokenizer) -> Qwen3ASRConfig:
             "num_hidden_layers": cfg.text_layers,
             "num_attention_heads": cfg.text_heads,
             "num_key_value_heads": cfg.text_kv_heads,
-            "head_dim": cfg.text_head_dim or cfg.text_hidden // cfg.text_heads,
+            "head_dim": decoder_head_dim(cfg.text_hidden, cfg.text_heads, cfg.text_head_dim),
             "max_position_embeddings": cfg.max_position_embeddings,
             "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
             "tie_word_embeddings": True,
