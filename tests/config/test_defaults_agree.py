@@ -22,7 +22,7 @@ def default_options() -> list[tuple[str, str]]:
     for entry in yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]:
         if isinstance(entry, dict):
             (group, option), = entry.items()
-            if option is not None:
+            if option is not None and not group.startswith("optional "):   # local: this machine's, if any
                 out.append((group, option))
     return out
 
