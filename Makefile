@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # torch first, pinned to the CPU wheel on disk: an unpinned torch pulls a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: help install run bench bench-remote sweep compare sft test test-fast clean-outputs
+.PHONY: help install run bench bench-remote sweep compare sft lint test test-fast clean-outputs
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -35,6 +35,9 @@ compare: install  ## the speedup report of the latest sweep: table + plots -> ou
 
 sft: install  ## SFT warm start only: corpus + tiny Qwen3-ASR, prints dev CER
 	$(PY) -m asr_grpo.sft
+
+lint: install  ## ruff (pyproject.toml [tool.ruff]): style, unused names, import order, likely bugs
+	$(VENV)/bin/ruff check .
 
 test: install  ## the full test suite (slow tests included), as CI runs it
 	$(PY) -m pytest -q

@@ -55,7 +55,8 @@ class LoopKVBatch(KVBatch):
         predicting = []
         new_last = self.last.clone()
         for i, c in enumerate(counts):
-            predicting.append(torch.cat([self.last[i][None], out[i, :c - 1]]) if c else self.last[i][None][:0])
+            last = self.last[i][None]
+            predicting.append(torch.cat([last, out[i, :c - 1]]) if c else last[:0])
             if c:
                 new_last[i] = out[i, c - 1]
         self.last, self.next_pos = new_last, self.next_pos + torch.as_tensor(counts)
@@ -64,8 +65,8 @@ class LoopKVBatch(KVBatch):
 
 # Per round, how many new tokens each of the 5 rows gets: decode-like rounds (0/1 each),
 # streaming-like chunks (k each) and both mixed.
-ROUNDS = [[1, 1, 1, 1, 1], [1, 0, 1, 1, 0], [3, 0, 1, 5, 2], [0, 0, 0, 0, 0], [1, 1, 0, 1, 1], [4, 2, 0, 0, 6],
-          [0, 1, 0, 0, 0]]
+ROUNDS = [[1, 1, 1, 1, 1], [1, 0, 1, 1, 0], [3, 0, 1, 5, 2], [0, 0, 0, 0, 0], [1, 1, 0, 1, 1],
+          [4, 2, 0, 0, 6], [0, 1, 0, 0, 0]]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,8 @@ def rows(tiny_processor, tiny_tokenizer):
 def run_rounds(kv: KVBatch, rows, first: int = 2) -> tuple[list[list[torch.Tensor]], list[list[int]]]:
     """Prefill prompt + `first` tokens (scoring them), then feed ROUNDS; returns each
     call's outputs and, per row, the tokens fed so far."""
-    outs = [kv.prefill_shared([p for p, _, _ in rows], [f for _, f, _ in rows], [r[:first] for _, _, r in rows])]
+    outs = [kv.prefill_shared([p for p, _, _ in rows], [f for _, f, _ in rows],
+                              [r[:first] for _, _, r in rows])]
     fed = [first] * len(rows)
     for counts in ROUNDS:
         outs.append(kv.extend([r[fed[i]:fed[i] + c] for i, ((_, _, r), c) in enumerate(zip(rows, counts))]))
@@ -164,7 +166,8 @@ def test_shared_prefill_extends_only_rows_with_a_continuation(tiny_model, tiny_t
         return forward(**inputs)
 
     kv = KVBatch(counting, pad)
-    first = kv.prefill_shared([p for p, _ in owners], [f for _, f in owners], [r[:k] for r, k in zip(full, firsts)])
+    first = kv.prefill_shared([p for p, _ in owners], [f for _, f in owners],
+                              [r[:k] for r, k in zip(full, firsts)])
     assert widths == [2, 4]   # the two distinct prompts, then the staged extend
     outs = [first] + [kv.extend([[r[k + j]] for r, k in zip(full, firsts)]) for j in range(2)]
     batch = pack_sequences([p for p, _ in owners], full, [f for _, f in owners], pad)

@@ -11,7 +11,13 @@ from transformers import Qwen3ASRForConditionalGeneration
 
 from asr_grpo.config.schema import ModelConfig
 from asr_grpo.config.store import CONF_DIR
-from asr_grpo.models import architecture_config, build_model, build_processor, encode_requests, train_tokenizer
+from asr_grpo.models import (
+    architecture_config,
+    build_model,
+    build_processor,
+    encode_requests,
+    train_tokenizer,
+)
 
 # (text decoder total, text without embeddings, audio encoder), billions: the Qwen3-0.6B /
 # Qwen3-1.7B reports and the Qwen3-ASR model cards.
@@ -22,7 +28,8 @@ SCALED_DOWN = dict(encoder_layers=1, encoder_d_model=64, encoder_heads=4, encode
 
 
 def model_cfg(name: str, **overrides) -> ModelConfig:
-    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(f"{CONF_DIR}/model/{name}.yaml"),
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig),
+                             OmegaConf.load(f"{CONF_DIR}/model/{name}.yaml"),
                              {"path": "", **overrides})   # path: an interpolation into the run config
     return OmegaConf.to_object(merged)
 

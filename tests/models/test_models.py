@@ -45,7 +45,8 @@ def test_each_chinese_character_is_its_own_token(tokenizer):
 
 
 def test_special_tokens_are_single_ids(tokenizer):
-    for tok in [ASR_TEXT, IM_END, tokenizer.audio_token, tokenizer.audio_bos_token, tokenizer.audio_eos_token]:
+    audio = [tokenizer.audio_token, tokenizer.audio_bos_token, tokenizer.audio_eos_token]
+    for tok in [ASR_TEXT, IM_END, *audio]:
         ids = tokenizer(tok, add_special_tokens=False)["input_ids"]
         assert len(ids) == 1 and tokenizer.convert_ids_to_tokens(ids[0]) == tok
 
@@ -145,7 +146,8 @@ def test_encoder_attention_window_limits_what_a_frame_attends_to(tokenizer):
     mask = torch.ones(1, 300, dtype=torch.long)
     first_second = {}
     for window in (1, 8):
-        model = build_model(dataclasses.replace(TINY_MODEL, encoder_attention_window_s=window), tokenizer, seed=0)
+        model = build_model(dataclasses.replace(TINY_MODEL, encoder_attention_window_s=window), tokenizer,
+                            seed=0)
         assert model.config.audio_config.n_window_infer == 100 * window
         enc = model.model.audio_tower.eval()
         with torch.no_grad():

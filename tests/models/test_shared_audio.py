@@ -24,19 +24,22 @@ def batch(tiny_processor, tiny_tokenizer):
     then a fourth row with its own copy of the first utterance's features (same audio,
     another object: encoded separately), rows interleaved across the groups."""
     g = torch.Generator().manual_seed(5)
-    special = set(tiny_tokenizer.all_special_ids) | {tiny_tokenizer.convert_tokens_to_ids(tiny_tokenizer.audio_token)}
+    audio_id = tiny_tokenizer.convert_tokens_to_ids(tiny_tokenizer.audio_token)
+    special = set(tiny_tokenizer.all_special_ids) | {audio_id}
     ordinary = torch.tensor([t for t in range(len(tiny_tokenizer)) if t not in special])
     utts = [encode_prompt(tiny_processor, noise_audio(secs, j), lang) for j, (secs, lang) in
             enumerate([(1.3, "en"), (2.1, "zh")])]
     rows = [utts[0], utts[1], utts[0], utts[1], utts[1], utts[0], (utts[0][0], copy.deepcopy(utts[0][1]))]
-    responses = [ordinary[torch.randint(len(ordinary), (n,), generator=g)].tolist() for n in (5, 0, 8, 3, 6, 1, 4)]
+    responses = [ordinary[torch.randint(len(ordinary), (n,), generator=g)].tolist()
+                 for n in (5, 0, 8, 3, 6, 1, 4)]
     return pack_sequences([p for p, _ in rows], responses, [f for _, f in rows], tiny_tokenizer.pad_token_id)
 
 
 def counted(module, fn, count) -> tuple[int, object]:
     """The sum of `count(forward kwargs)` over `module`'s calls while `fn` ran, and its result."""
     seen = []
-    handle = module.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(count(kwargs)), with_kwargs=True)
+    handle = module.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(count(kwargs)),
+                                              with_kwargs=True)
     try:
         out = fn()
     finally:
@@ -59,7 +62,8 @@ def grads_after(model, out: torch.Tensor, mask: torch.Tensor) -> dict[str, torch
 def close(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
     """Equal up to float rounding relative to the tensor's scale (the copies' gradients are
     summed in another order; a gradient that is zero in exact arithmetic, as a key bias's, is noise)."""
-    torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * float(b.abs().max()) + 1e-7, msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * float(b.abs().max()) + 1e-7,
+                               msg=lambda m: f"{name}: {m}")
 
 
 def test_policy_logits_and_gradients_equal_per_row_encoding(tiny_model, batch):
@@ -89,7 +93,8 @@ def test_critic_values_and_gradients_equal_per_row_encoding(tiny_model, batch):
     n_rows, per_row = encoded_utterances(vm.backbone.audio_tower, lambda: response_values(vm, plain))
     assert (n_shared, n_rows) == (3, 7)
     torch.testing.assert_close(shared, per_row, rtol=0, atol=1e-5)
-    g_shared, g_rows = grads_after(vm, shared, batch.response_mask), grads_after(vm, per_row, batch.response_mask)
+    g_shared = grads_after(vm, shared, batch.response_mask)
+    g_rows = grads_after(vm, per_row, batch.response_mask)
     assert set(g_shared) == set(g_rows) and any("multi_modal_projector" in n for n in g_shared)
     for name in g_rows:
         close(g_shared[name], g_rows[name], name)
@@ -97,7 +102,8 @@ def test_critic_values_and_gradients_equal_per_row_encoding(tiny_model, batch):
 
 def test_rows_with_their_own_audio_use_the_plain_inputs(tiny_model, tiny_processor, tiny_tokenizer):
     utts = [encode_prompt(tiny_processor, noise_audio(1.0, j), "en") for j in range(2)]
-    batch = pack_sequences([p for p, _ in utts], [[5], [6, 7]], [f for _, f in utts], tiny_tokenizer.pad_token_id)
+    batch = pack_sequences([p for p, _ in utts], [[5], [6, 7]], [f for _, f in utts],
+                           tiny_tokenizer.pad_token_id)
     assert batch.shared_audio_inputs(tiny_model).keys() == batch.model_inputs().keys()
 
 
@@ -151,12 +157,14 @@ def test_micro_batches_by_group_keep_each_group_together():
 
     from asr_grpo.workers.training import micro_batches
 
-    items = [SimpleNamespace(uid=f"{g}#{k}", group=str(g)) for k in range(4) for g in range(6)]   # interleaved
+    # interleaved groups
+    items = [SimpleNamespace(uid=f"{g}#{k}", group=str(g)) for k in range(4) for g in range(6)]
     batches = micro_batches(items, 8, np.random.default_rng(1), by_group=True)
     assert [len(b) for b in batches] == [8, 8, 8]
     assert all(len({it.group for it in b}) == 2 for b in batches)
     assert sorted(it.uid for b in batches for it in b) == sorted(it.uid for it in items)
-    orders = {tuple(it.group for it in sum(micro_batches(items, 8, np.random.default_rng(s), by_group=True), []))
+    orders = {tuple(it.group for b in micro_batches(items, 8, np.random.default_rng(s), by_group=True)
+                    for it in b)
               for s in range(5)}
     assert len(orders) > 1   # the groups are shuffled
     shuffled = micro_batches(items, 8, np.random.default_rng(1))

@@ -39,7 +39,8 @@ def value_model(tiny_model):
 def one_shot(model, seqs, pad_id, kind):
     batch = pack_sequences([s[1] for s in seqs], [s[3] for s in seqs], [s[2] for s in seqs], pad_id)
     with torch.no_grad():
-        full = response_logprobs(model, batch, TEMPERATURE) if kind == "logprobs" else response_values(model, batch)
+        full = (response_logprobs(model, batch, TEMPERATURE) if kind == "logprobs"
+                else response_values(model, batch))
     return {s[0]: full[i, :len(s[3])] for i, s in enumerate(seqs)}
 
 
@@ -113,7 +114,8 @@ def test_reset_caches_rescores_under_new_weights(tiny_model, tiny_tokenizer, val
 
 
 def test_unregistered_or_shrinking_sequence_is_an_error(tiny_model, tiny_tokenizer, sequences):
-    scorer = StreamingScorer(lambda: causal_lm_forward(tiny_model), tiny_tokenizer.pad_token_id, token_logprobs())
+    scorer = StreamingScorer(lambda: causal_lm_forward(tiny_model), tiny_tokenizer.pad_token_id,
+                             token_logprobs())
     with pytest.raises(KeyError, match="never registered"):
         scorer.feed({"nope": [1, 2]})
     uid, prompt, feats, resp = sequences[0]

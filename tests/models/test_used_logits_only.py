@@ -24,14 +24,16 @@ def groups(tiny_processor, tiny_tokenizer):
     """(uid, prompt ids, features, response): 3 prompts of different lengths, 2 samples each
     (one features object per prompt, as a GRPO group has), responses of 0..9 ordinary tokens."""
     g = torch.Generator().manual_seed(3)
-    special = set(tiny_tokenizer.all_special_ids) | {tiny_tokenizer.convert_tokens_to_ids(tiny_tokenizer.audio_token)}
+    audio_id = tiny_tokenizer.convert_tokens_to_ids(tiny_tokenizer.audio_token)
+    special = set(tiny_tokenizer.all_special_ids) | {audio_id}
     ordinary = torch.tensor([t for t in range(len(tiny_tokenizer)) if t not in special])
     out = []
     for j, (secs, lang) in enumerate([(1.0, "en"), (2.2, "zh"), (0.6, "en")]):
         prompt, feats = encode_prompt(tiny_processor, noise_audio(secs, j), lang)
         for k in range(2):
             n = [7, 0, 9, 3, 1, 5][2 * j + k]
-            out.append((f"u{j}#{k}", prompt, feats, ordinary[torch.randint(len(ordinary), (n,), generator=g)].tolist()))
+            response = ordinary[torch.randint(len(ordinary), (n,), generator=g)].tolist()
+            out.append((f"u{j}#{k}", prompt, feats, response))
     return out
 
 
@@ -120,8 +122,8 @@ def test_scored_logprobs_equal_the_full_forward_and_only_they_come_back(tiny_mod
     pad = tiny_tokenizer.pad_token_id
     uids, prompts, feats, responses = ([s[i] for s in groups] for i in range(4))
     with rows_through(tiny_model.lm_head) as shapes:
-        got = score_once(lambda: causal_lm_forward(tiny_model), pad, token_logprobs(TEMPERATURE), uids, prompts,
-                         feats, responses)
+        got = score_once(lambda: causal_lm_forward(tiny_model), pad, token_logprobs(TEMPERATURE), uids,
+                         prompts, feats, responses)
     # 3 prompts' next-token positions, then one per response token: never a prompt position.
     assert positions(shapes) == 3 + sum(len(r) for r in responses)
     full, batch = full_forward(tiny_model, prompts, feats, responses, pad)

@@ -24,7 +24,13 @@ from typing import Callable, Sequence
 import torch
 
 from asr_grpo.models.hf_compat import keep_kwargs, output_cache, pick_kept, with_cache
-from asr_grpo.models.sequences import AudioFeatures, distinct, on_model_device, positions_from_mask, stack_features
+from asr_grpo.models.sequences import (
+    AudioFeatures,
+    distinct,
+    on_model_device,
+    positions_from_mask,
+    stack_features,
+)
 
 # forward(input_ids, attention_mask, position_ids, cache, keep, [input_features, input_features_mask])
 #   -> (outputs, cache): with keep=None the per-position outputs [B, L, ...]; with `keep` a
