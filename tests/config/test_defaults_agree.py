@@ -48,7 +48,8 @@ def disagreements(defaults: dict, stated: dict, prefix: str) -> list[str]:
             out.append(f"{prefix}{key}: not in the schema")
             continue
         if isinstance(value, str) and "${" in value:
-            continue   # an interpolation wires groups together (model.path -> sft.output_dir): no default to state
+            # an interpolation wires groups together (model.path -> sft.output_dir): no default to state
+            continue
         default = plain(defaults[key])
         if isinstance(default, dict) and isinstance(value, dict) and set(value) <= set(default):
             out += disagreements(default, value, f"{prefix}{key}.")
@@ -71,5 +72,6 @@ def test_the_default_group_file_states_the_schema_defaults(group, option):
 
 def test_the_check_sees_a_disagreement():
     defaults = schema_defaults("algorithm")
-    assert disagreements(defaults, {"kl_coef": 0.5}, "algorithm.") == ["algorithm.kl_coef: schema=0.01 yaml=0.5"]
+    assert disagreements(defaults, {"kl_coef": 0.5}, "algorithm.") == \
+        ["algorithm.kl_coef: schema=0.01 yaml=0.5"]
     assert disagreements(defaults, {"kl_coef": 0.01, "loss_agg": "token_mean"}, "algorithm.") == []

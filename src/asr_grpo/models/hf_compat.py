@@ -59,7 +59,8 @@ def enable_checkpointing(model: torch.nn.Module, **kwargs) -> None:
     elif hasattr(model, "gradient_checkpointing_enable"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
-        raise TypeError(f"trainer.gradient_checkpointing: {type(model).__name__} supports no gradient checkpointing")
+        raise TypeError(f"trainer.gradient_checkpointing: {type(model).__name__} supports no gradient "
+                        "checkpointing")
 
 
 def checkpointing_enabled(model: torch.nn.Module) -> bool:

@@ -60,7 +60,8 @@ class KVBatch:
         self.cache = None
         self.mask: torch.Tensor | None = None       # [B, L] 1 = real token (CPU)
         self.next_pos: torch.Tensor | None = None   # [B] position of each row's next token (CPU)
-        self.last: torch.Tensor | None = None       # [B, ...] output predicting each row's next token (model device)
+        # [B, ...] output predicting each row's next token (model device)
+        self.last: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return 0 if self.mask is None else self.mask.shape[0]
@@ -83,8 +84,8 @@ class KVBatch:
         # column width-1 predicts its next token. No other column is computed.
         k = torch.as_tensor(list(score_last), dtype=torch.long)
         keep = torch.arange(width)[None, :] >= width - 1 - k[:, None]
-        out, self.cache = self.forward(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask),
-                                       cache=None, keep=keep, **extra)
+        out, self.cache = self.forward(input_ids=ids, attention_mask=mask,
+                                       position_ids=positions_from_mask(mask), cache=None, keep=keep, **extra)
         # `out` holds row by row its k_i scored outputs, then its next-token output.
         ends = torch.cumsum(k + 1, 0) - 1
         scored = torch.ones(len(out), dtype=torch.bool)
@@ -94,7 +95,8 @@ class KVBatch:
         return _per_row(out[scored.to(out.device)], k.tolist(), tokens, score)
 
     @torch.no_grad()
-    def prefill_shared(self, prompts: Sequence[Sequence[int]], features: Sequence[AudioFeatures | None] | None,
+    def prefill_shared(self, prompts: Sequence[Sequence[int]],
+                       features: Sequence[AudioFeatures | None] | None,
                        continuations: Sequence[Sequence[int]], score: ScoreFn | None = None,
                        outputs: bool = True) -> list[torch.Tensor] | None:
         """Start the batch from prompt + continuation per row, prefilling each distinct
@@ -105,7 +107,8 @@ class KVBatch:
         Returns what `extend` returns for the continuations; equal to prefilling every
         row whole, up to float rounding."""
         # The first row of each distinct (features object, prompt); each row's prefilled row.
-        unique, index = distinct([(id(features[i]) if features else None, tuple(p)) for i, p in enumerate(prompts)])
+        unique, index = distinct([(id(features[i]) if features else None, tuple(p))
+                                  for i, p in enumerate(prompts)])
         self.prefill([prompts[i] for i in unique], [0] * len(unique),
                      [features[i] for i in unique] if features else None)
         # The extend pads every row to the longest continuation, so rows without one

@@ -35,7 +35,8 @@ def transcription_prompts(processor, num: int, languages: Sequence[str] | None,
         if context is not None and context[i] is not None:
             messages.append({"role": "system", "content": [{"type": "text", "text": context[i]}]})
         messages.append({"role": "user", "content": [{"type": "audio", "audio": _PLACEHOLDER_AUDIO}]})
-        prefill = f"language {language(canonical_code(languages[i])).name}<asr_text>" if languages is not None else ""
+        prefill = (f"language {language(canonical_code(languages[i])).name}<asr_text>"
+                   if languages is not None else "")
         messages.append({"role": "assistant", "content": [{"type": "text", "text": prefill}]})
         conversations.append(messages)
     return processor.apply_chat_template(conversations, tokenize=False, continue_final_message=True)
@@ -49,7 +50,8 @@ def encode_requests(processor, audios: Sequence[np.ndarray], languages: Sequence
 
 
 def encode_supervised(processor, audios: Sequence[np.ndarray], languages: Sequence[str],
-                      transcripts: Sequence[str], context: Sequence[str | None] | None = None) -> BatchFeature:
+                      transcripts: Sequence[str],
+                      context: Sequence[str | None] | None = None) -> BatchFeature:
     """Prompt + transcript + EOS, with labels only on the transcript and EOS.
 
     `processor(..., output_labels=True)` masks only audio and padding, so the prompt

@@ -112,7 +112,8 @@ class SequenceBatch:
         audio_id = getattr(getattr(model, "config", None), "audio_token_id", None)
         if len(first) == len(index) or audio_id is None or not hasattr(model, "get_audio_features"):
             return self.model_inputs()
-        moved = on_model_device(model, {"input_ids": self.input_ids, "input_features": self.input_features[first],
+        moved = on_model_device(model, {"input_ids": self.input_ids,
+                                        "input_features": self.input_features[first],
                                         "input_features_mask": self.input_features_mask[first]})
         audio = model.get_audio_features(moved["input_features"], moved["input_features_mask"],
                                          return_dict=True).pooler_output   # [tokens of all distinct rows, D]
@@ -121,7 +122,8 @@ class SequenceBatch:
         embeds = model.get_input_embeddings()(moved["input_ids"])
         embeds = embeds.masked_scatter(placeholders.unsqueeze(-1).expand_as(embeds),
                                        torch.cat([pieces[u] for u in index]).to(embeds.dtype))
-        return {"inputs_embeds": embeds, "attention_mask": self.attention_mask, "position_ids": self.position_ids}
+        return {"inputs_embeds": embeds, "attention_mask": self.attention_mask,
+                "position_ids": self.position_ids}
 
 
 def pack_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
@@ -189,7 +191,8 @@ def _shared_prompt_logits(model, batch: SequenceBatch) -> torch.Tensor:
         return head
     cache = output_cache(out)
     cache.batch_select_indices(rows)
-    rest = {"input_ids": batch.input_ids[:, P:P + T - 1], "attention_mask": batch.attention_mask[:, :P + T - 1],
+    rest = {"input_ids": batch.input_ids[:, P:P + T - 1],
+            "attention_mask": batch.attention_mask[:, :P + T - 1],
             "position_ids": batch.position_ids[:, P:P + T - 1]}
     out = model(**with_cache(on_model_device(model, rest), cache), use_cache=True)
     return torch.cat([head, out.logits], dim=1)

@@ -67,7 +67,8 @@ class StreamingScorer:
                 continue
             seen = self._consumed[uid]
             if len(toks) < seen:
-                raise ValueError(f"streaming scorer: sequence {uid!r} shrank from {seen} to {len(toks)} tokens")
+                raise ValueError(f"streaming scorer: sequence {uid!r} shrank from {seen} "
+                                 f"to {len(toks)} tokens")
             by_cohort.setdefault(id(cohort), (cohort, {}))[1][uid] = list(toks[seen:])
         for cohort, new in by_cohort.values():
             scores = cohort.kv.extend([new.get(u, []) for u in cohort.uids], self.score)
@@ -117,8 +118,8 @@ class StreamingScorer:
         kv = KVBatch(self.forward(), self.pad_id)
         feats = [self._prompts[u][1] for u in uids] if self.use_audio else None
         # Sequences of one prompt (a GRPO group, or every text-LM context) share its prefill.
-        scores = kv.prefill_shared([self._prompts[u][0] for u in uids], feats, [list(tokens[u]) for u in uids],
-                                   self.score)
+        scores = kv.prefill_shared([self._prompts[u][0] for u in uids], feats,
+                                   [list(tokens[u]) for u in uids], self.score)
         cohort = _Cohort(kv, list(uids))
         for uid, sc in zip(uids, scores):
             self._cohort_of[uid] = cohort
