@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from asr_grpo.experience.types import PromptGroup
-from asr_grpo.models.sequences import encode_prompt
 
 
 class PromptSampler:
@@ -49,6 +48,9 @@ class PromptSampler:
 
 
 def build_group(processor, item: dict, n: int, uid: str, step: int, index: int = -1) -> PromptGroup:
+    # Imported here: the package's other users (the scheduler, the forecast) load no model code.
+    from asr_grpo.models.sequences import encode_prompt
+
     prompt_ids, features = encode_prompt(processor, item["audio"], item["language"])
     meta = {k: item[k] for k in ("id", "text", "language", "keywords")}
     # From the audio the prompt holds (speed perturbation changes it), for reward files.

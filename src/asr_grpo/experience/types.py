@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from asr_grpo.models.sequences import AudioFeatures
 from asr_grpo.rollout.types import RolloutRequest
+
+if TYPE_CHECKING:   # a name in annotations only: the scheduler and forecast load no model code
+    from asr_grpo.models.sequences import AudioFeatures
 
 
 @dataclass

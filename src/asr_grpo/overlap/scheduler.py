@@ -19,7 +19,8 @@ checkpoint stores and what a resume puts back, and what a rollout worker that di
 mid-step (Ray restarts it) gets back: `restore_host(rank)` (the recipe's: the current
 weights) and then its unfinished sequences with their tokens so far. A streaming scorer
 that died loses the calls in flight; `StreamedScores` leaves those sequences out and
-the experience maker scores them again in one shot.
+the experience maker scores them again in one shot. What streams where, and what each
+scorer holds, is `StreamLedger`'s bookkeeping (`stream_ledger.py`).
 
 The scheduler knows nothing of Ray: the caller hands it `resolve` (how a call's result
 is awaited: `ray.get`, or the forecast's virtual clock) and `is_death` (whether an error

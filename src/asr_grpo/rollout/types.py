@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from asr_grpo.models.sequences import AudioFeatures
+if TYPE_CHECKING:   # a name in annotations only: the scheduler and forecast load no model code
+    from asr_grpo.models.sequences import AudioFeatures
 
 
 @dataclass(frozen=True)
