@@ -39,7 +39,7 @@ sft: install  ## SFT warm start only: corpus + tiny Qwen3-ASR, prints dev CER
 lint: install  ## ruff (pyproject.toml [tool.ruff]): style, unused names, import order, likely bugs
 	$(VENV)/bin/ruff check .
 
-test: install  ## the full test suite (slow tests included), as CI runs it
+test: lint  ## ruff, then the full test suite (slow tests included), as CI runs it
 	$(PY) -m pytest -q
 
 test-fast: install  ## the suite without slow multi-process tests

@@ -166,11 +166,11 @@ def main() -> int:
         print(f"gpu_vllm: skipped ({'; '.join(missing)}); wrote {out}")
         return 2
     import vllm
-    from overlap_speedup import compose_run
 
     from asr_grpo.config.validate import validate_config
     from asr_grpo.experience.sync_check import compare_logprobs
     from asr_grpo.recipes.rl import RLRecipe
+    from overlap_speedup import compose_run
 
     report.data.update(vllm=vllm.__version__, device=torch.cuda.get_device_name(0), overrides=overrides(args, "vllm"))
     cfg = compose_run(overrides(args, "vllm"))

@@ -39,11 +39,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from delay_proxy import DelayProxy
-from overlap_speedup import COMMON, compose_run, load_run, median, report
-
 from asr_grpo.overlap.cost_model import service_drain
 from asr_grpo.tracking.speedup_ci import format_speedup, speedup_ci
+from delay_proxy import DelayProxy
+from overlap_speedup import COMMON, compose_run, load_run, median, report
 
 REPO = Path(__file__).resolve().parents[1]
 JUDGE = REPO / "bench" / "judge_reward.py"
@@ -217,7 +216,7 @@ def main() -> None:
                         print(f"== remote_reward {name} / overlap={mode} / repeat {rep}", flush=True)
                         timeline: list[dict] = []
                         summary = run_rl(compose_run(overrides), run_name=f"remote-{stamp}-{name}-{mode}-r{rep}",
-                                         step_callbacks=[lambda t: timeline.append(step_record(t))])
+                                         step_callbacks=[lambda t, timeline=timeline: timeline.append(step_record(t))])
                         client = mlflow.tracking.MlflowClient(absolute_tracking_uri(
                             f"sqlite:///{args.output_root}/mlflow.db"))
                         runs[mode].append(load_run(client, summary["mlflow_run_id"], args.window, args.warmup))

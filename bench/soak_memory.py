@@ -100,9 +100,8 @@ def slope(values: list[float]) -> float:
 
 def soak(overrides: list[str], steps: int) -> dict:
     sys.path.insert(0, str(REPO / "bench"))
-    from overlap_speedup import compose_run
-
     from asr_grpo.recipes.rl import RLRecipe
+    from overlap_speedup import compose_run
 
     cfg = compose_run(overrides)
     recipe = RLRecipe(cfg, run_name="soak")

@@ -75,7 +75,7 @@ def test_applied_swaps_the_average_in_and_puts_the_weights_back_even_on_error():
 def test_state_round_trip_continues_the_same_average():
     a, b = frozen_head_model(), frozen_head_model()
     ema_a = WeightEma(a, decay=0.8)
-    for t in range(3):
+    for _t in range(3):
         nudge(a, 0.5)
         ema_a.update()
     ema_b = WeightEma(b, decay=0.8)

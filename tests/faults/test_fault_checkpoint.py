@@ -31,7 +31,7 @@ def kill_mid_write(out: Path, mode: str, completed, mid_write, attempts: int = 3
         proc = subprocess.Popen([sys.executable, str(WRITER), str(out), mode],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            wait_for(lambda: proc.poll() is not None or (completed() and mid_write()), 600, "a save in progress",
+            wait_for(lambda proc=proc: proc.poll() is not None or (completed() and mid_write()), 600, "a save in progress",
                      period_s=0.001)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)

@@ -21,8 +21,14 @@ from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.overlap import planners
 from asr_grpo.overlap.cost_model import Choice, best_plan
 from asr_grpo.overlap.local_group import LocalGroup, local_resolve
-from asr_grpo.overlap.planners import (ReplayDiverged, ReplayPlanner, StepObservation, StepPlan, make_planner,
-                                       plan_record)
+from asr_grpo.overlap.planners import (
+    ReplayDiverged,
+    ReplayPlanner,
+    StepObservation,
+    StepPlan,
+    make_planner,
+    plan_record,
+)
 from asr_grpo.overlap.scheduler import RolloutScheduler
 from asr_grpo.overlap.step_times import StepTimes
 from asr_grpo.rollout.host import EngineHost

@@ -61,7 +61,7 @@ def test_compare_table_holds_the_runs_own_numbers(cluster_sweep, client, compare
     rows = {r["label"]: r for r in report["rows"]}
     assert set(rows) == {"overlap=none placement=separate", "overlap=oppo placement=separate"}
     runs = {(r["params"]["overlap.mode"], r["seed"]): r for r in report["runs"]}
-    for (mode, seed), r in runs.items():
+    for (_mode, seed), r in runs.items():
         steps = history(client, r["run_id"], "perf/time/step")
         assert r["metrics"]["median_step_s"] == pytest.approx(statistics.median(steps.values()))
         cer = history(client, r["run_id"], "eval/cer")

@@ -235,7 +235,7 @@ class PlacementConfig:
 
 
 # The model roles reserve no CPU: with trainer.num_threads=auto they share the node's cores
-# phase by phase (workers/base.py), which a fixed reservation would only cap (a role given
+# phase by phase (workers/threads.py), which a fixed reservation would only cap (a role given
 # N >= 1 CPUs runs N torch threads in every phase). A reward worker is a single-threaded
 # Python process busy through the scoring phase: one core. The default run (actor,
 # reference, one reward worker) reserves 1 CPU and fits a 2-core laptop.

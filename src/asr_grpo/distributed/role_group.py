@@ -22,7 +22,7 @@ _PG_RESOURCE = re.compile(r"^.+_group_(\d+)_([0-9a-f]+)$")
 # libgomp reads these when torch loads, so they reach a rank only through its environment.
 # Its default spin-wait lets a thread team hold the core a preempted partner needs: with other
 # jobs on the box (Ray runs actors at nice 15) a 2-thread phase ran 6x slower than 1 thread.
-# A short spin keeps the quiet-box speed (bench/results/thread_phases.json). The driver's own
+# A short spin keeps the quiet-box speed (bench/results/cpu_2core_serial_step/thread_phases.json). The driver's own
 # setting wins.
 OMP_ENV = {"GOMP_SPINCOUNT": "10000"}
 

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any, Mapping
 
-import anyio   # comes with starlette (its thread pool)
+import anyio  # comes with starlette (its thread pool)
 import torch
 import uvicorn
 from starlette.applications import Starlette

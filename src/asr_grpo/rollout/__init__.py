@@ -3,7 +3,13 @@ policy's own HF forward (default) or vLLM on GPU machines (`rollout=vllm`)."""
 from asr_grpo.rollout.factory import EngineUnavailable, create_vllm_engine, vllm_unavailable_reason
 from asr_grpo.rollout.pool import SequencePool
 from asr_grpo.rollout.sampling import sample_tokens, token_seed, top_p_filter
-from asr_grpo.rollout.types import ChunkedEngine, RolloutRequest, SamplingParams, SequenceResult, SequenceState
+from asr_grpo.rollout.types import (
+    ChunkedEngine,
+    RolloutRequest,
+    SamplingParams,
+    SequenceResult,
+    SequenceState,
+)
 
 # The engines run the model: loaded when first asked for, so what needs only the pool and
 # the types (the scheduler, the forecast) loads no model code.

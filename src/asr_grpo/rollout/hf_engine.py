@@ -18,7 +18,7 @@ from asr_grpo.rollout.sampling import sample_tokens
 from asr_grpo.rollout.types import SamplingParams, SequenceState
 
 # Compact a KV batch once at most this share of its rows is still decoding. Measured
-# (bench/decode_compaction.py): a round's cost grows with its rows on CPU and a select is
+# (bench/results/cpu_2core_serial_step/decode_compaction.json): a round's cost grows with its rows on CPU and a select is
 # cheap, so dropping finished rows early pays; 0.75-0.95 are within 1% of each other.
 COMPACT_BELOW = 0.85
 

@@ -9,7 +9,7 @@ node's cores divided by the ranks running side by side in its phase (a role give
 CPUs runs N threads in every phase). A thread team is fragile
 when other jobs share the cores unless OpenMP stops spin-waiting soon: libgomp reads
 GOMP_SPINCOUNT / OMP_WAIT_POLICY at start-up only, so they must be in the actor's
-environment (bench/results/thread_phases.json).
+environment (bench/results/cpu_2core_serial_step/thread_phases.json).
 """
 from __future__ import annotations
 
