@@ -73,7 +73,7 @@ def on_policy_items(model, processor, tokenizer, advantages: list[float]):
     tokens carry its advantage. Returns the items and the log-probs ([2, T])."""
     import torch
 
-    from asr_grpo.experience import ExperienceItem
+    from asr_grpo.experience.types import ExperienceItem
     from asr_grpo.models.sequences import encode_prompt, pack_sequences, response_logprobs
 
     prompt, feats = encode_prompt(processor, noise_audio(1.0, 0), "en")

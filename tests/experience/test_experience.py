@@ -7,8 +7,10 @@ from helpers import on_policy_items
 
 from asr_grpo.algorithms import group_norm_advantages
 from asr_grpo.config.schema import AlgorithmConfig
-from asr_grpo.experience import PromptSampler, estimate_advantages, pad_ragged, unpad
+from asr_grpo.experience.advantages import estimate_advantages
 from asr_grpo.experience.losses import actor_loss
+from asr_grpo.experience.prompts import PromptSampler
+from asr_grpo.experience.tensors import pad_ragged, unpad
 
 
 def test_sampler_covers_every_item_once_per_epoch_and_resumes_exactly():

@@ -15,7 +15,7 @@ from asr_grpo.algorithms import (
 )
 from asr_grpo.config.schema import AlgorithmConfig
 from asr_grpo.config.validate import ConfigError, config_problems, validate_config
-from asr_grpo.experience import estimate_advantages
+from asr_grpo.experience.advantages import estimate_advantages
 
 
 @pytest.fixture

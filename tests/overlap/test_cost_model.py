@@ -220,3 +220,20 @@ def test_fitter_learns_the_service_apart_from_local_scoring():
     assert profile.remote_per_seq_s == pytest.approx(0.012)
     assert profile.score_per_token_s == pytest.approx(0.3 / 1000)
 
+
+
+def test_a_fed_service_wait_is_measured_and_the_same_for_every_plan():
+    """Fed (each sequence sent as it finishes, whatever the chunk), the wait left after
+    the decode is what the steps measured; it fits no per-sequence rate (those steps
+    did not send everything after the decode) and decides no plan."""
+    fitter = CostFitter(decay=0.0)
+    fitter.observe_step(streamed=False, decode_s=1.0, scoring_s=1.5, training_s=1.0, fixed_s=0.2, samples=100,
+                        trained_tokens=1000, remote_wait_s=0.4, remote_sequences=100, fed=True)
+    profile = fitter.profile()
+    assert profile.remote_fed_wait_s == pytest.approx(0.4)
+    assert profile.remote_per_seq_s == 0.0
+    assert profile.score_per_token_s == pytest.approx(1.1 / 1000)   # the wait kept apart
+    shape = simulate_buffer(TAILED, B=8, delta=0)
+    for chunk in (None, 8, 32):
+        fed = predict(profile, shape, 32, chunk, 10.0, fed=True)
+        assert fed.scoring_s == pytest.approx(predict(profile, shape, 32, chunk, 10.0).scoring_s + 0.4)

@@ -40,7 +40,7 @@ def reward_url():
 def first_step(root, name: str, *overrides: str):
     """One GRPO step by hand; returns (rollout, the reward client's requests made during
     the rollout, items, metrics)."""
-    cfg = compose_cfg(root, "overlap.controller=fixed", "overlap.chunk_size=3", "algorithm.max_new_tokens=20",
+    cfg = compose_cfg(root, "overlap.chunk_size=3", "algorithm.max_new_tokens=20",
                       f"trainer.output_dir={root}/remote_{name}", *overrides)
     recipe = RLRecipe(cfg)
     try:
@@ -57,13 +57,22 @@ def first_step(root, name: str, *overrides: str):
         recipe.cleanup()
 
 
-def test_served_rewards_stream_during_the_rollout_with_the_serial_experience(root, reward_url):
+# Streamed in chunks of 3, and fed from one decode call (the cost-model planner's first
+# steps are serial: the driver takes what finished while the call runs).
+@pytest.mark.parametrize("plan, calls", [(("overlap.controller=fixed",), "several"),
+                                         (("overlap.controller=cost_model", "reward.remote.feed_every_s=0.005"),
+                                          "one")])
+def test_served_rewards_stream_during_the_rollout_with_the_serial_experience(root, reward_url, plan, calls):
     remote = f"reward.remote.urls=[{reward_url}]"
     _, before, s_items, serial = first_step(root, "serial", "overlap=none", remote)
-    rollout, during, t_items, streamed = first_step(root, "streamed", "overlap=intra", remote)
+    rollout, during, t_items, streamed = first_step(root, "streamed", "overlap=intra", remote, *plan)
     assert before == 0            # serially the service hears of nothing until the rollout is over
     assert during > 0             # streamed: requests went out while the actor decoded
-    assert rollout.metrics["overlap/decode_calls"] > 1
+    assert rollout.metrics["overlap/rewards_sent_during_decode"] > 0   # before the decode's last call ended
+    if calls == "one":
+        assert rollout.metrics["overlap/decode_calls"] == 1 and rollout.plan.chunk is None
+    else:
+        assert rollout.metrics["overlap/decode_calls"] > 1
     assert serial["reward/remote/requests"] >= 1 and serial["reward/remote/failed_requests"] == 0
     for key in ("reward/total", "reward/cer", "reward/keyword", "reward/language", "reward/smoothness"):
         assert streamed[key] == pytest.approx(serial[key], abs=1e-6), key

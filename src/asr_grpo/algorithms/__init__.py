@@ -11,7 +11,7 @@ from .advantages import (
     reinforce_baseline_advantages,
     rloo_advantages,
 )
-from .downsample import downsample_groups, max_variance_subset, trained_per_group
+from .downsample import downsample_groups, max_variance_subset
 from .kl import KL_ESTIMATORS, MAX_LOG_RATIO, kl_penalty, token_level_rewards
 from .losses import (
     LOSS_AGG_MODES,
@@ -38,6 +38,6 @@ __all__ = [
     "group_norm_advantages", "kl_penalty", "logprobs_from_logits", "masked_mean",
     "masked_var", "masked_whiten", "max_variance_subset", "policy_loss", "ppo_clip_loss",
     "register_advantage_estimator", "reinforce_baseline_advantages",
-    "rloo_advantages", "token_level_rewards", "trained_per_group", "truncated_importance_weights",
+    "rloo_advantages", "token_level_rewards", "truncated_importance_weights",
     "value_loss",
 ]

@@ -12,12 +12,6 @@ import itertools
 import torch
 
 
-def trained_per_group(n: int, m: int | None) -> int:
-    """How many of a group's n samples train under `algorithm.train_samples_per_prompt=m`:
-    at most m (None: all), so a run sampling fewer than m trains all of its own."""
-    return min(m or n, n)
-
-
 @torch.no_grad()
 def max_variance_subset(rewards: torch.Tensor, m: int) -> list[int]:
     """The m indices of `rewards` ([n]) whose values have the largest variance, in

@@ -242,6 +242,13 @@ class PlacementConfig:
 DEFAULT_ROLE_CPUS = {"actor": 0.0, "ref": 0.0, "critic": 0.0, "reward_model": 0.0, "reward": 1.0, "rollout": 0.0}
 
 
+def trained_per_group(n: int, m: int | None) -> int:
+    """How many of a group's n samples train under `algorithm.train_samples_per_prompt=m`:
+    at most m (None: all), so a run sampling fewer than m trains all of its own. Here,
+    beside the setting, so the forecast reads it without loading the tensor code."""
+    return min(m or n, n)
+
+
 @dataclass
 class AlgorithmConfig:
     name: AlgorithmName = AlgorithmName.grpo
@@ -350,6 +357,9 @@ class RemoteRewardConfig:
     retries: int = 5              # after the first try, on connection errors, timeouts, 408, 429, 5xx
     backoff_s: float = 0.2        # first retry's mean wait; doubles each retry (full jitter)
     backoff_max_s: float = 10.0   # no retry waits longer (a 429's Retry-After is honoured up to this)
+    # intra/oppo: how often the driver takes the sequences that finished from a running
+    # decode and sends them (each goes out within this of its last token).
+    feed_every_s: float = 0.05
 
 
 @dataclass

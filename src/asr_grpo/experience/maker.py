@@ -16,8 +16,8 @@ from typing import Sequence
 import ray
 import torch
 
-from asr_grpo.algorithms import downsample_groups, trained_per_group
-from asr_grpo.config.schema import RunConfig
+from asr_grpo.algorithms import downsample_groups
+from asr_grpo.config.schema import RunConfig, trained_per_group
 from asr_grpo.experience.advantages import estimate_advantages
 from asr_grpo.experience.types import ExperienceItem, PromptGroup, SequenceRef, check_finite
 from asr_grpo.rewards.combine import RewardResult

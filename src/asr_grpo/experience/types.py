@@ -4,11 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
-
 from asr_grpo.rollout.types import RolloutRequest
 
-if TYPE_CHECKING:   # a name in annotations only: the scheduler and forecast load no model code
+if TYPE_CHECKING:   # names in annotations only: the scheduler and forecast load no model code, no torch
+    import torch
+
     from asr_grpo.models.sequences import AudioFeatures
 
 
@@ -69,7 +69,7 @@ def check_finite(items: Sequence[ExperienceItem], where: str) -> None:
     for it in items:
         for name in ("advantages", "old_logprobs", "behaviour_logprobs", "ref_logprobs", "returns", "old_values"):
             t = getattr(it, name)
-            if t is not None and not bool(torch.isfinite(t).all()):
+            if t is not None and not bool(t.isfinite().all()):
                 bad.setdefault(name, []).append(it.uid)
     if bad:
         raise NonFiniteError(f"{where}: non-finite values, refused before any update: "

@@ -32,6 +32,7 @@ class SimEngine(SequencePool):
         self.lane, self.role = lane, role
         self.t = 0.0
         self.clock = lambda: self.t   # SequencePool times each round with this
+        self.wall_clock = self.clock  # and stamps each sequence's finish: a round's end
         self._stale = True
         self.slowdown = 0.0   # seconds the next round loses to streamed scoring on these GPUs
 
@@ -87,9 +88,10 @@ class SimEngine(SequencePool):
         return len(live)
 
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1) -> list[SequenceState]:
+               stop_check_every: int = 1, feed: bool = False) -> list[SequenceState]:
         """`SequencePool.decode`, a run of rounds at a time: between two rounds in which
         sequences finish, the rows (and so the cost per round) change only by context."""
+        self.start_feed(feed)
         self._prepare()
         touched = [s for s in self._live if not s.done]
         quota = GroupQuota(touched, stop_after_groups) if stop_after_groups is not None else None
@@ -135,11 +137,11 @@ class SimHost(EngineHost):
         self.debt = 0.0   # seconds streamed scoring on this engine's GPUs took from its decode
 
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1) -> Pending:
+               stop_check_every: int = 1, feed: bool = False) -> Pending:
         engine = self.engine
         engine.t = max(engine.t, self.clock.now) + self.call_s
         # An idle engine's GPU absorbs the scorers' work; a busy one's first round pays it.
         engine.slowdown = self.debt if any(not s.done for s in engine.live()) else 0.0
         self.debt = 0.0
-        results = EngineHost.decode(self, max_tokens, stop_after_groups, stop_check_every)
+        results = EngineHost.decode(self, max_tokens, stop_after_groups, stop_check_every, feed)
         return Pending(engine.t, results)

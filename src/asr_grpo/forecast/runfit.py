@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asr_grpo.algorithms import trained_per_group
+from asr_grpo.config.schema import trained_per_group
 from asr_grpo.overlap.cost_model import fit_round_costs, nonneg_least_squares
 
 SERIES = {"decode_s": "perf/time/rollout_decode", "rounds": "overlap/decode_rounds", "rows": "overlap/rows_decoded",

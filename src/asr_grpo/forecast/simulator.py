@@ -7,12 +7,12 @@ After the rollout (the virtual now, when the last decode call ended):
   2. each scorer scores what streaming did not cover, after its streamed calls;
      streamed work still queued on the rollout GPUs runs there first (the drain);
   3. the rule rewards follow the LM reward model's scores (CPU);
-  4. a reward service (`remote_per_seq_s`), as `cost_model.remote_wait` models it: one
-     slot drains the sequences at r seconds each (`service_drain`); under streaming plans
-     each is sent when the decode call it finished in ends (the scheduler's
-     `on_finished`, as the recipe wires it), otherwise all at once after the decode (after
-     the LM reward model's scores, which such a reward takes); the wait left when they
-     are sent is added to the step's scoring;
+  4. a reward service (`remote_per_seq_s`): one slot drains the sequences at r seconds
+     each (`service_drain`); under intra/oppo each is sent as it finishes (the
+     scheduler's feed, as the recipe wires it: at its last token plus half the feed's
+     period), otherwise all at once after the decode (after the LM reward model's
+     scores, which such a reward takes); the wait left when they are sent is added to
+     the step's scoring;
   5. training starts when every score is in: actor and critic at once, taking turns
      where they share GPUs; then the weight sync, then the driver's fixed work.
 Work on one device group runs one job at a time, in the order it was sent.
@@ -130,10 +130,12 @@ class Simulation:
 
     # ---- one step --------------------------------------------------------------------------
     def _send_finished(self, groups, seqs) -> None:
-        """The scheduler's `on_finished`: at the end of the decode call they finished in."""
-        fresh = [s.uid for s in seqs if s.uid not in self._asked]
-        self._asked.update(fresh)
-        self._sent += [self.clock.now] * len(fresh)
+        """The scheduler's `on_finished`: each sequence as it finished (the engines stamp
+        their virtual time), taken by the feed half its period later on average."""
+        fresh = [s for s in seqs if s.uid not in self._asked]
+        self._asked.update(s.uid for s in fresh)
+        lag = self.scheduler.feed_every_s / 2
+        self._sent += [(s.finished_at if s.finished_at is not None else self.clock.now) + lag for s in fresh]
 
     def _reward_wait(self, seqs, sent_at: float) -> float:
         """The service's wait left at `sent_at`, when the rest of the step's sequences go

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from asr_grpo.algorithms import trained_per_group
+from asr_grpo.config.schema import trained_per_group
 from asr_grpo.experience.types import PromptGroup
 
 GroupLengths = Callable[[random.Random, int], list[int]]   # (rng, n) -> natural lengths of n samples

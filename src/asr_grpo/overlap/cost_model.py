@@ -21,7 +21,9 @@ The step, as the model sees it:
               its throughput. Serially every sequence is sent after the decode (N · r);
               streaming sends each at the end of the chunk it finished in, so the wait
               left after the decode is what the service has not drained by then
-              (`service_drain`, over the simulated steps' finish rounds).
+              (`service_drain`, over the simulated steps' finish rounds). Under a feed
+              (the driver takes finished sequences from the running decode, whatever
+              the chunk) the wait is the same for every plan: the measured one.
 
 Decode rounds and rows come from simulating the overcommit buffer with response lengths
 (and prompt sizes) drawn from the observed groups: with B + Δ groups in flight the step
@@ -51,6 +53,7 @@ class CostProfile:
     train_per_sample_s: float = 0.0    # t: old log-probs' remainder, update, per trained sample
     step_fixed_s: float = 0.0          # weight sync and everything else per step
     remote_per_seq_s: float = 0.0      # r: a reward service's seconds per sequence (0: no service)
+    remote_fed_wait_s: float = 0.0     # the service's wait left after a fed decode (measured)
 
     def round_s(self, rows: int) -> float:
         return self.round_fixed_s + self.round_per_row_s * rows if rows else 0.0
@@ -169,9 +172,10 @@ class Prediction:
 
 
 def predict(costs: CostProfile, shape: StepShape, samples: int, chunk: int | None,
-            mean_length: float) -> Prediction:
+            mean_length: float, fed: bool = False) -> Prediction:
     """Step time for a step of `shape` training `samples` sequences, streaming every
-    `chunk` tokens (None: no streaming)."""
+    `chunk` tokens (None: no streaming); `fed`: a reward service gets each sequence as
+    it finishes, whatever the chunk."""
     decode = (costs.round_fixed_s * shape.rounds + costs.round_per_row_s * shape.row_rounds
               + costs.prefill_per_token_s * shape.carried_tokens)
     work = costs.score_per_token_s * shape.trained_tokens
@@ -184,7 +188,7 @@ def predict(costs: CostProfile, shape: StepShape, samples: int, chunk: int | Non
         hidden = min(costs.stream_hidden * streamed, decode)
         calls = math.ceil(shape.rounds / chunk) if shape.rounds else 0
         scoring = costs.score_fixed_s + work - hidden + costs.stream_call_s * calls
-    scoring += remote_wait(costs, shape, chunk)
+    scoring += costs.remote_fed_wait_s if fed else remote_wait(costs, shape, chunk)
     training = costs.train_per_sample_s * samples
     return Prediction(decode + scoring + training + costs.step_fixed_s, decode, scoring, training,
                       costs.step_fixed_s, shape)
@@ -198,7 +202,8 @@ class Choice:
 
 
 def best_plan(costs: CostProfile, groups: Sequence[Sequence[int]], B: int, chunks: Iterable[int | None],
-              deltas: Iterable[int], margin: float = 0.03, prompts: Sequence[int] | None = None) -> tuple[Choice, dict]:
+              deltas: Iterable[int], margin: float = 0.03, prompts: Sequence[int] | None = None,
+              fed: bool = False) -> tuple[Choice, dict]:
     """The (chunk, Δ) with the least predicted time per trained sample. The serial plan
     (no streaming, Δ = 0) wins unless another beats it by more than `margin` (a share
     of the serial step): a prediction within the model's error is no reason to overlap.
@@ -210,7 +215,7 @@ def best_plan(costs: CostProfile, groups: Sequence[Sequence[int]], B: int, chunk
     table = {}
     for d, shape in shapes.items():
         for c in [None, *(c for c in chunks if c)]:
-            table[(c, d)] = predict(costs, shape, samples, c, mean_len)
+            table[(c, d)] = predict(costs, shape, samples, c, mean_len, fed)
     serial = table[(None, 0)]
     best = min(table, key=lambda k: (table[k].step_s, k[1], k[0] or 0))
     if table[best].step_s > serial.step_s * (1.0 - margin):
@@ -258,17 +263,21 @@ class CostFitter:
     def observe_step(self, *, streamed: bool, decode_s: float, scoring_s: float, training_s: float,
                      fixed_s: float, samples: int, trained_tokens: int, predicted_decode_s: float | None = None,
                      streamed_work_s: float | None = None, remote_wait_s: float = 0.0,
-                     remote_sequences: int = 0) -> None:
+                     remote_sequences: int = 0, fed: bool = False) -> None:
         """Phase times of a finished step. Serial steps fit scoring and training costs
         (and, with a reward service whose `remote_sequences` were sent after the decode,
-        its seconds per sequence); a streaming step measures how much of the streamed
-        work decode really hid."""
+        its seconds per sequence; `fed`: sent as they finished, the wait left); a
+        streaming step measures how much of the streamed work decode really hid."""
         if remote_sequences:
             scoring_s = max(0.0, scoring_s - remote_wait_s)   # the service's wait is modelled on its own
+            if fed:
+                old = self._serial.get("remote_fed_wait")
+                self._serial["remote_fed_wait"] = (remote_wait_s if old is None
+                                                   else self.decay * old + (1 - self.decay) * remote_wait_s)
         if not streamed:
             obs = {"score_per_token": scoring_s / max(1, trained_tokens),
                    "train_per_sample": training_s / max(1, samples), "fixed": fixed_s}
-            if remote_sequences:
+            if remote_sequences and not fed:
                 obs["remote_per_seq"] = remote_wait_s / remote_sequences
             for k, v in obs.items():
                 old = self._serial.get(k)
@@ -310,7 +319,8 @@ class CostFitter:
                            stream_hidden=self.stream_hidden_prior if self._hidden is None else self._hidden,
                            train_per_sample_s=self._serial.get("train_per_sample", 0.0),
                            step_fixed_s=self._serial.get("fixed", 0.0),
-                           remote_per_seq_s=self._serial.get("remote_per_seq", 0.0))
+                           remote_per_seq_s=self._serial.get("remote_per_seq", 0.0),
+                           remote_fed_wait_s=self._serial.get("remote_fed_wait", 0.0))
 
     def state_dict(self) -> dict:
         return {"sums": list(self._sums), "prefill": list(self._prefill), "serial": dict(self._serial),

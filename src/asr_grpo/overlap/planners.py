@@ -180,8 +180,9 @@ class CostModelPlanner:
     def __init__(self, cfg, prompts_per_step: int, stream_hidden_prior: float = 0.0,
                  streams: bool = True, overcommits: bool = True, streams_rewards: bool = False):
         self.B = prompts_per_step
-        # Rewards from a service go out as sequences finish under streaming plans: the
-        # fit then models the service's wait apart from the local scoring.
+        # Rewards from a service go out as sequences finish (the scheduler's feed, every
+        # step of a streaming mode): the fit keeps the service's wait apart from the
+        # local scoring, and it is the same whatever the plan.
         self.streams_rewards = streams_rewards and streams
         self.chunks = sorted({int(c) for c in cfg.chunk_candidates if int(c) > 0}) if streams else []
         self.overcommits = overcommits
@@ -204,7 +205,7 @@ class CostModelPlanner:
             return StepPlan(None, 0)
         choice, _ = best_plan(self.fitter.profile(), list(self.fitter.groups), self.B,
                               [None, *self.chunks], range(self.delta_bound.delta + 1 if self.overcommits else 1),
-                              self.margin, list(self.fitter.prompts))
+                              self.margin, list(self.fitter.prompts), fed=self.streams_rewards)
         self._planned_decode_s = choice.predicted.decode_s
         return StepPlan(choice.chunk, choice.delta, choice.predicted.step_s)
 
@@ -229,12 +230,14 @@ class CostModelPlanner:
                             samples=obs.samples, trained_tokens=trained_tokens,
                             predicted_decode_s=predicted_decode, streamed_work_s=streamed_work,
                             remote_wait_s=obs.reward_wait_s,
-                            remote_sequences=obs.samples if self.streams_rewards else 0)
+                            remote_sequences=obs.samples if self.streams_rewards else 0,
+                            fed=self.streams_rewards)
         costs = fitter.profile()
         out.update({"overlap/cost/round_fixed_ms": 1e3 * costs.round_fixed_s,
                     "overlap/cost/round_per_row_ms": 1e3 * costs.round_per_row_s,
                     "overlap/cost/stream_hidden": costs.stream_hidden,
                     "overlap/cost/remote_per_seq_ms": 1e3 * costs.remote_per_seq_s,
+                    "overlap/cost/remote_fed_wait_s": costs.remote_fed_wait_s,
                     "overlap/cost/measured_step_s": obs.step_s})
         if obs.plan.predicted_s is not None and math.isfinite(obs.plan.predicted_s):
             out["overlap/cost/prediction_error"] = obs.plan.predicted_s / obs.step_s - 1.0 if obs.step_s else 0.0

@@ -87,7 +87,8 @@ class RolloutScheduler:
                  restore_host: Callable[[int], None] | None = None, frozen_scorers: Iterable[str] = (),
                  stream_hidden_prior: float = 0.0, clock: Callable[[], float] = time.monotonic,
                  on_finished: Callable[[list[PromptGroup], list[SequenceResult]], None] | None = None,
-                 recorded_plans: Mapping[int, dict] | None = None):
+                 recorded_plans: Mapping[int, dict] | None = None,
+                 wait: Callable[[list, float], bool] | None = None, feed_every_s: float = 0.05):
         self.mode = overlap_cfg.mode
         if self.mode not in MODES:
             raise ValueError(f"overlap.mode={self.mode!r}: expected one of {', '.join(MODES)}")
@@ -106,6 +107,12 @@ class RolloutScheduler:
         # recorded_plans: `overlap.replay_plan`'s record (the caller reads it from MLflow).
         self.planner = make_planner(overlap_cfg, prompts_per_step, stream_hidden_prior, recorded_plans,
                                     streams_rewards=self.streams.on_finished is not None)
+        # With a streamed reward every decode call feeds: `wait(refs, seconds)` (whether
+        # the calls ended within the seconds; None: the caller cannot wait part-way, e.g.
+        # the forecast's clock) lets the driver take the finished sequences every
+        # `feed_every_s` while the call runs, so each is sent soon after its last token.
+        self.feeds = self.streams.on_finished is not None
+        self._wait, self.feed_every_s = wait, float(feed_every_s)
         self.stop_check_every = int(overlap_cfg.stop_check_every)
         self.recheck_tokens = int(overlap_cfg.chunk_size)
         self.buffer: list[BufferedGroup] = []
@@ -158,6 +165,9 @@ class RolloutScheduler:
         if admitted:
             self._admit(admitted)
         rounds = ticks = rows = 0
+        # Finished sequences sent to the reward before the decode's last call ended (by
+        # the feed, or after an earlier call), and what the latest call's end sent.
+        sent_early = sent_last = 0
         # Several hosts each stop at their share of the groups needed: calls of at most
         # `recheck_tokens` let the driver recount the groups finished overall.
         split = self.overcommit and self.hosts.world_size > 1
@@ -165,8 +175,11 @@ class RolloutScheduler:
         while not self._enough():
             before = {s.uid: len(s.tokens) for e in self.buffer for s in e.samples.values()}
             quotas = self._quotas()
-            replies = self._gather([self.hosts.call_rank(h, "decode", call_tokens, quotas[h], self.stop_check_every)
-                                    for h in range(self.hosts.world_size)])
+            calls = [self.hosts.call_rank(h, "decode", call_tokens, quotas[h], self.stop_check_every, self.feeds)
+                     for h in range(self.hosts.world_size)]
+            if self.feeds and self._wait is not None:
+                sent_early += self._feed_while(calls)
+            replies = self._gather(calls)
             touched = [r for results in replies for r in results or []]
             if not touched and None not in replies:
                 self._lost_sequences()
@@ -176,9 +189,10 @@ class RolloutScheduler:
             call_ticks = max(gained.values(), default=0)
             self.tick, ticks, rows = self.tick + call_ticks, ticks + call_ticks, rows + sum(gained.values())
             if chunk is not None:
-                entries = {e.group.uid: e for e in self.buffer}
-                self.streams.stream(touched, entries)
-                self.streams.send_finished(touched, {uid: e.group for uid, e in entries.items()})
+                self.streams.stream(touched, {e.group.uid: e for e in self.buffer})
+            if self.feeds:   # what the feed has not sent yet
+                sent_early += sent_last
+                sent_last = self.streams.send_finished(touched, {e.group.uid: e.group for e in self.buffer})
         t_decoded = self._clock()
         chosen = self._select()
         waiting = {s.uid for e in self.buffer for s in e.samples.values() if s.done}
@@ -198,6 +212,7 @@ class RolloutScheduler:
                    "overlap/decode_calls": float(rounds), "overlap/decode_rounds": float(ticks),
                    "overlap/rows_decoded": float(rows),
                    "overlap/rescored_sequences": float(self.streams.rescored),
+                   "overlap/rewards_sent_during_decode": float(sent_early),
                    "perf/time/rollout_decode": t_decoded - t0,
                    **staleness_histogram(staleness)}
         if plan.predicted_s is not None:
@@ -237,6 +252,22 @@ class RolloutScheduler:
         """The carried sequences still decoding stay with the scorers (streaming steps only)."""
         live = {s.uid for e in self.buffer for s in e.samples.values() if not s.done} if streaming else set()
         self.streams.begin_step(live)
+
+    def _feed_while(self, calls: list) -> int:
+        """Until the decode `calls` end: every `feed_every_s`, the sequences the hosts
+        finished since the last look go to `on_finished`; returns how many went. A host
+        that fails here is left to the decode's own gather (which restores it)."""
+        groups = {e.group.uid: e.group for e in self.buffer}
+        sent = 0
+        while not self._wait(calls, self.feed_every_s):
+            try:
+                fed = [r for part in self._get(self.hosts.call_beside("take_finished")) for r in part]
+            except Exception as exc:
+                if not self._is_death(exc):
+                    raise
+                break
+            sent += self.streams.send_finished(fed, groups)
+        return sent
 
     def _quotas(self) -> list[int | None]:
         """Per host, the groups whose completion ends its decode call: with overcommit

@@ -74,6 +74,7 @@ class StreamLedger:
         self.scorers = dict(scorers)
         self.frozen = set(frozen) & set(self.scorers)
         self.on_finished = on_finished
+        self._sent: set[str] = set()   # finished sequences given to `on_finished`, not trained yet
         self._resolve, self._is_death = resolve, is_death
         self.registered: set[tuple[str, str]] = set()   # (scorer, sequence uid) a scorer holds
         self.rescored = 0   # the last hand-over's sequences streamed to their end but scored again
@@ -130,12 +131,16 @@ class StreamLedger:
                     self._pending[name].append(
                         scorer.call_rank(rank, "stream", register[rank], feed[rank], finish[rank]))
 
-    def send_finished(self, touched: list[SequenceResult], groups: Mapping[str, PromptGroup]) -> None:
-        """The sequences that finished in this decode call, with their groups, to `on_finished`."""
-        finished = [r for r in touched if r.done]
+    def send_finished(self, touched: list[SequenceResult], groups: Mapping[str, PromptGroup]) -> int:
+        """The finished sequences among `touched` not sent before (a decode call's
+        results repeat what its feed sent), with their groups, to `on_finished`;
+        returns how many went."""
+        finished = [r for r in touched if r.done and r.uid not in self._sent]
         if self.on_finished is None or not finished:
-            return
+            return 0
+        self._sent.update(r.uid for r in finished)
         self.on_finished(list({r.group: groups[r.group] for r in finished}.values()), finished)
+        return len(finished)
 
     def hand_over(self, uids: list[str], waiting: set[str]) -> dict[str, StreamedScores]:
         """This step's scorer calls go to the experience maker, for the trained sequences
@@ -146,6 +151,7 @@ class StreamLedger:
         sequences of the groups still carried, whose kept scores stay."""
         out = {}
         self.rescored = 0
+        self._sent.difference_update(uids)
         for name in self.scorers:
             stash = self._stash.get(name)
             known = {u: stash.pop(u) for u in uids if stash is not None and u in stash}

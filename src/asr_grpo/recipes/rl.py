@@ -27,7 +27,7 @@ from asr_grpo.data.augment import perturb
 from asr_grpo.distributed.faults import TrainerDied, is_actor_death, restart_options, trainer_died_message
 from asr_grpo.distributed.net import free_port
 from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
-from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
+from asr_grpo.distributed.ray_cluster import ray_calls_ended, shutdown_ray, start_ray
 from asr_grpo.distributed.role_group import RoleGroup
 from asr_grpo.evaluation import evaluation_sets, load_first, metrics_of_sets
 from asr_grpo.experience.maker import ExperienceMaker, samples_trained_per_prompt, split_even
@@ -35,7 +35,7 @@ from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.experience.sync_check import check_sequences, check_weight_sync
 from asr_grpo.models import load_processor
 from asr_grpo.models import step_checkpoints as ckpt
-from asr_grpo.overlap.planners import plan_record
+from asr_grpo.overlap.planners import MODES, plan_record
 from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
 from asr_grpo.overlap.step_times import StepTimes
 from asr_grpo.recipes.protocol import run_recipe
@@ -110,12 +110,20 @@ class RLRecipe:
         self.pg = create_placement_group(self.plan) if self.plan.bundles else None
         cfg_dict = OmegaConf.to_container(cfg, resolve=True)
         opt_steps = cfg.trainer.steps * optimizer_steps_per_rl_step(cfg)
-        mk = lambda role, cls, **kw: RoleGroup(role, cls, self.plan, self.pg, init_kwargs=kw,  # noqa: E731
-                                               **restart_options(role))
-        self.policy = mk("actor", PolicyRole, cfg=cfg_dict, optimizer_steps=opt_steps)
+        mk = lambda role, cls, beside=False, **kw: RoleGroup(role, cls, self.plan, self.pg,  # noqa: E731
+                                                             init_kwargs=kw, beside=beside, **restart_options(role))
+        self.remote_reward = bool(cfg.reward.remote.urls)
+        # A reward service is asked as sequences finish (under intra/oppo): its wait is on
+        # another machine, so it hides under the decode. The rollout hosts then hand out
+        # what finished while a decode runs (on a second thread: `call_beside`). A local
+        # reward file is asked after the rollout (its work would share the decode's
+        # cores); so is a reward that takes the LM reward model's scores (they come after
+        # the rollout).
+        feeds = self.remote_reward and not use_lm and MODES[cfg.overlap.mode][0]
+        self.policy = mk("actor", PolicyRole, beside=feeds and not self.separate_rollout, cfg=cfg_dict,
+                         optimizer_steps=opt_steps)
         self.ref = mk("ref", ReferenceRole, cfg=cfg_dict) if counts["ref"] else None
         self.critic = mk("critic", CriticRole, cfg=cfg_dict, optimizer_steps=opt_steps) if counts["critic"] else None
-        self.remote_reward = bool(cfg.reward.remote.urls)
         if self.remote_reward:
             self.reward = mk("reward", RemoteRewardWorker, remote=cfg_dict["reward"]["remote"],
                              weights=dict(cfg.reward.weights), on_bad_reward=cfg.reward.on_bad_reward, seed=cfg.seed)
@@ -127,7 +135,7 @@ class RLRecipe:
         self.rollout_group = None
         if self.separate_rollout:
             rollout_cls, rollout_plan, rollout_kw = rollout_role_spec(cfg, self.plan)
-            self.rollout_group = RoleGroup("rollout", rollout_cls, rollout_plan, self.pg,
+            self.rollout_group = RoleGroup("rollout", rollout_cls, rollout_plan, self.pg, beside=feeds,
                                            init_kwargs={"cfg": cfg_dict, **rollout_kw}, **restart_options("rollout"))
         self.groups = [g for g in (self.policy, self.ref, self.critic, self.reward_model, self.reward,
                                    self.rollout_group)
@@ -142,15 +150,12 @@ class RLRecipe:
         restore = self._restore_rollout_worker if self.rollout_group is not None else None
         self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward,
                                      self.reward_model)
-        # A reward service is asked as sequences finish (under streaming plans): its wait
-        # is on another machine, so it hides under the decode. A local reward file is
-        # asked after the rollout (its work would share the decode's cores); so is a
-        # reward that takes the LM reward model's scores (they come after the rollout).
-        on_finished = self.maker.submit_finished if self.remote_reward and not use_lm else None
         self.scheduler = RolloutScheduler(cfg.overlap, cfg.trainer.prompts_per_step, hosts, scorers,
                                           resolve=ray.get, is_death=is_actor_death, restore_host=restore,
                                           frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg),
-                                          on_finished=on_finished, recorded_plans=recorded_plans)
+                                          on_finished=self.maker.submit_finished if feeds else None,
+                                          recorded_plans=recorded_plans, wait=ray_calls_ended,
+                                          feed_every_s=cfg.reward.remote.feed_every_s)
         self.placement = {g.role: g.placement_report() for g in self.groups}
         self._pids = {g.role: g.pids() for g in self.groups if g.restartable}
         self.restarts = {role: 0 for role in self._pids}

@@ -2,7 +2,6 @@
 policy's own HF forward (default) or vLLM on GPU machines (`rollout=vllm`)."""
 from asr_grpo.rollout.factory import EngineUnavailable, create_vllm_engine, vllm_unavailable_reason
 from asr_grpo.rollout.pool import SequencePool
-from asr_grpo.rollout.sampling import sample_tokens, token_seed, top_p_filter
 from asr_grpo.rollout.types import (
     ChunkedEngine,
     RolloutRequest,
@@ -11,16 +10,17 @@ from asr_grpo.rollout.types import (
     SequenceState,
 )
 
-# The engines run the model: loaded when first asked for, so what needs only the pool and
-# the types (the scheduler, the forecast) loads no model code.
-_ENGINES = {"HFChunkedEngine": "asr_grpo.rollout.hf_engine", "VLLMChunkedEngine": "asr_grpo.rollout.vllm_engine"}
+# The engines and the sampler run tensors: loaded when first asked for, so what needs only
+# the pool and the types (the scheduler, the forecast) loads no model code and no torch.
+_LAZY = {"HFChunkedEngine": "asr_grpo.rollout.hf_engine", "VLLMChunkedEngine": "asr_grpo.rollout.vllm_engine",
+         **dict.fromkeys(("sample_tokens", "token_seed", "top_p_filter"), "asr_grpo.rollout.sampling")}
 
 
 def __getattr__(name: str):
-    if name in _ENGINES:
+    if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_ENGINES[name]), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from asr_grpo.rollout.types import RolloutRequest, SequenceState
+from asr_grpo.rollout.types import RolloutRequest, SequenceResult, SequenceState
 
 
 class GroupQuota:
@@ -78,6 +78,11 @@ class SequencePool:
         self.stats = DecodeStats()
         self.max_new_tokens, self.eos = max_new_tokens, set(eos or ())
         self.clock = time.perf_counter   # the forecast's simulated engines run on a virtual clock
+        self.wall_clock = time.time      # stamps `finished_at` (the forecast's engines: their virtual time)
+        # The feed: sequences that finished during a `decode(feed=True)` call, for
+        # `take_finished` to hand out while the call still runs (another thread).
+        self._feeding = False
+        self._fed: list[SequenceState] = []
 
     # ---- round-by-round decoding ------------------------------------------------------
     def _prepare(self) -> None:
@@ -89,12 +94,14 @@ class SequencePool:
         raise NotImplementedError
 
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1) -> list[SequenceState]:
+               stop_check_every: int = 1, feed: bool = False) -> list[SequenceState]:
         """Advance every live sequence by up to `max_tokens` (None: to the end); with
         `stop_after_groups=k`, stop as soon as k prompt groups have completed in this
         call (checked every `stop_check_every` rounds). Returns the sequences advanced
         (finished ones move to `pop_finished`). Every row advances one token per
-        round, so the tokens a sequence gained in a call say in which round it finished."""
+        round, so the tokens a sequence gained in a call say in which round it finished.
+        `feed`: each sequence that finishes is also queued for `take_finished`."""
+        self.start_feed(feed)
         self._prepare()
         touched = [s for s in self._live if not s.done]
         quota = GroupQuota(touched, stop_after_groups) if stop_after_groups is not None else None
@@ -121,10 +128,28 @@ class SequencePool:
             seq.finish_reason = "length"
         else:
             return True
-        seq.finished_at = time.time()
+        self._mark_finished(seq)
         if quota is not None:
             quota.finished(seq)
         return False
+
+    # ---- the feed of finished sequences ---------------------------------------------------
+    def start_feed(self, on: bool) -> None:
+        """At a decode call's start: whether it feeds. What the last call fed and nobody
+        took is dropped (the caller had it in that call's results)."""
+        self._feeding, self._fed = on, []
+
+    def _mark_finished(self, seq: SequenceState) -> None:
+        seq.finished_at = self.wall_clock()
+        if self._feeding:
+            self._fed.append(seq)
+
+    def take_finished(self) -> list[SequenceResult]:
+        """The sequences that finished since the last take (in the running call). Safe
+        from another thread: the list is swapped whole, and a finished sequence no
+        longer changes."""
+        taken, self._fed = self._fed, []
+        return [s.result() for s in taken]
 
     def _invalidate(self) -> None:
         """Hook: whatever an engine cached for its live sequences is stale now."""

@@ -106,8 +106,6 @@ def apply_completion(seq: SequenceState, completion, version: int, max_new_token
             seq.finish_reason = "length"
     else:
         raise RuntimeError(f"vLLM finished {seq.request.uid} with {reason!r}")
-    if seq.done:
-        seq.finished_at = time.time()   # vLLM returns a call's tokens at once: its end
 
 
 def _vllm_sampling_params(**kwargs):
@@ -138,11 +136,13 @@ class VLLMChunkedEngine(SequencePool):
                                  use_tqdm=False)
 
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1) -> list[SequenceState]:
+               stop_check_every: int = 1, feed: bool = False) -> list[SequenceState]:
         """Advance every live sequence by up to `max_tokens` (None: to the end) in one
         `generate`; returns the sequences advanced (finished ones move to `pop_finished`).
         With `stop_after_groups=k`, generate `stop_check_every` tokens at a time and stop
-        once k prompt groups have completed (each slice is a prefix-cached continuation)."""
+        once k prompt groups have completed (each slice is a prefix-cached continuation).
+        `feed`: as `SequencePool.decode` (a slice's finished sequences, when it returns)."""
+        self.start_feed(feed)
         self._finish_at_budget(self.sampling.max_new_tokens)
         seqs = list(self._live)
         if not seqs:
@@ -161,6 +161,8 @@ class VLLMChunkedEngine(SequencePool):
                 # Both are optional in vLLM's RequestOutput (None: not reported).
                 self.stats.add_requests(len(out.prompt_token_ids or ()), int(out.num_cached_tokens or 0))
                 apply_completion(seq, out.outputs[0], self._version, self.sampling.max_new_tokens, self.eos)
+                if seq.done:
+                    self._mark_finished(seq)
                 if quota is not None and seq.done:
                     quota.finished(seq)
             self.stats.add_round(len(live), time.perf_counter() - t0, count=n)

@@ -31,8 +31,9 @@ class RolloutHost(RestartAware, EngineHost):
     @busy
     @phase("solo")
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1) -> list[SequenceResult]:
+               stop_check_every: int = 1, feed: bool = False) -> list[SequenceResult]:
         model = getattr(self.engine, "model", None)   # the HF engine's; vLLM has none here
         if model is not None:
             model.eval()
-        return EngineHost.decode(self, max_tokens, stop_after_groups, stop_check_every)
+        return EngineHost.decode(self, max_tokens, stop_after_groups, stop_check_every, feed)
+
