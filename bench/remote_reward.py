@@ -57,8 +57,8 @@ SETTINGS = {
     "full": (0.020, 4, 0.025),
 }
 # `make run`'s recipe (nothing pinned: 32 samples a prompt, 8 of them trained) with the
-# reward sent to the service; the client may keep every slot busy.
-WORKLOAD = ["reward.remote.batch_size=16", "reward.remote.max_in_flight=8", "reward.remote.timeout_s=60"]
+# reward sent to the service, fed as sequences finish; the client may keep every slot busy.
+WORKLOAD = ["reward.remote.feed=true", "reward.remote.batch_size=16", "reward.remote.max_in_flight=8", "reward.remote.timeout_s=60"]
 CALLBACK_KEYS = ("perf/time/step", "perf/time/reward_wait", "perf/time/rollout", "perf/time/rollout_decode",
                  "perf/time/scoring_wall", "perf/time/training", "perf/time/sync", "overlap/chunk", "overlap/delta")
 

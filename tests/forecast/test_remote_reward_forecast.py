@@ -21,7 +21,7 @@ SERVICE = "['http://reward-host:8000/score']"
 STEPS, WARMUP = 20, 6
 
 
-def log_none_run(uri: str, per_seq_s: float, urls: str = SERVICE, log_wait: bool = True) -> str:
+def log_none_run(uri: str, per_seq_s: float, urls: str = SERVICE, log_wait: bool = True, feed: bool = True) -> str:
     """An overlap=none run as the recipe logs it: GRPO on a CPU, its reward asked of a
     service (`urls`) that answers a sequence every `per_seq_s` seconds, the driver's wait
     (`perf/time/reward_wait`, all B x N sequences sent after the decode) inside the scoring wall."""
@@ -33,7 +33,7 @@ def log_none_run(uri: str, per_seq_s: float, urls: str = SERVICE, log_wait: bool
     params = [Param(k, str(v)) for k, v in {"overlap.mode": "none", "trainer.prompts_per_step": B, "algorithm.n_samples_per_prompt": N,
                  "algorithm.max_new_tokens": 64, "algorithm.name": "grpo", "reward.smoothness_scorer": "none",
                  "placement.colocate": True, "algorithm.recompute_old_logprobs": True,
-                 "reward.remote.urls": urls}.items()]
+                 "reward.remote.urls": urls, "reward.remote.feed": feed}.items()]
     metrics = []
     for step in range(1, 13):
         rounds, rows = rng.randint(20, 45), rng.randint(300, 520)
@@ -78,6 +78,9 @@ def test_a_reward_services_wait_is_fitted_apart_and_hidden_by_streaming(tmp_path
     assert speedups[0.0] == pytest.approx({"intra": 1.0, "oppo": 1.0}, abs=0.02)
     for mode in ("intra", "oppo"):
         assert 1.0 < speedups[0.004][mode] < speedups[0.008][mode], speedups
+    # Not fed (`reward.remote.feed=false`, the default): every mode waits the serial wait.
+    _, unfed = forecast(forecast_cfg, uri, log_none_run(uri, 0.008, feed=False))
+    assert unfed["intra"]["reward_wait_s"] == pytest.approx(unfed["none"]["reward_wait_s"], rel=1e-9)
 
 
 def test_a_local_reward_forecasts_as_a_run_that_logged_no_wait(tmp_path, forecast_cfg):

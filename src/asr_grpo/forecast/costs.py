@@ -101,6 +101,9 @@ class SimProfile:
     # A reward service on another machine: seconds per sequence at its throughput, one
     # slot (`cost_model.CostProfile.remote_per_seq_s`); 0: the rewards are local.
     remote_per_seq_s: float = 0.0
+    # Whether the service is fed each sequence as it finishes under intra/oppo
+    # (`reward.remote.feed`); False: the whole batch after the rollout, in every mode.
+    remote_fed: bool = False
 
     def scorers(self) -> list[str]:
         return [r for r in ("ref", "critic", "reward_model") if r in self.roles]

@@ -230,7 +230,8 @@ def run_profile(cfg, facts: RunFacts, round_costs: dict | None = None) -> tuple[
     profile = SimProfile("run", 1, device, DecodeCost(overhead_s=f.round_fixed_s, row_s=f.round_per_row_s), prefill,
                          roles, [r for r in roles_here if r != "actor"], hidden, float(src.stream_call_s),
                          float(src.stream_call_s),
-                         0.0, f.sync_s, f.other_s + f.score_fixed_s, 1, recompute, notes, f.remote_per_seq_s)
+                         0.0, f.sync_s, f.other_s + f.score_fixed_s, 1, recompute, notes, f.remote_per_seq_s,
+                         facts.get("reward.remote.feed", bool))
     lc = cfg.lengths
     if lc.from_run and facts.groups:
         model = histogram(facts.groups)

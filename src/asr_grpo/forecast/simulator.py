@@ -113,12 +113,12 @@ class Simulation:
                 lane, contended, hidden = self.dev_lanes[cost.device], [], 1.0
             self.scorers[role] = SimScorer(role, cost, workload, clock, lane, profile.stream_call_s, contended, hidden)
         groups = {SCORER_NAMES[r]: LocalGroup([s]) for r, s in self.scorers.items()}
-        # A reward service is asked as sequences finish unless the reward takes the LM
-        # reward model's scores (they come after the rollout): `recipes/rl.py`'s rule.
+        # A reward service is fed as sequences finish where the run fed it, unless the reward
+        # takes the LM reward model's scores (they come after the rollout): `recipes/rl.py`'s rule.
         self.service = Lane("reward service")
         self._sent: list[float] = []    # when this step's sequences went to the service
         self._asked: set[str] = set()   # sequences already sent (carried groups' ones in earlier steps)
-        streams_rewards = profile.remote_per_seq_s > 0 and "reward_model" not in profile.roles
+        streams_rewards = profile.remote_per_seq_s > 0 and profile.remote_fed and "reward_model" not in profile.roles
         # The cost-model planner's first guess, as the recipe makes it: scorers on GPUs of
         # their own hide everything; sharing the engines' GPUs, the placement's share.
         prior = profile.stream_hidden if self.stream_lanes else 1.0

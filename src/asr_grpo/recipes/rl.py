@@ -119,7 +119,7 @@ class RLRecipe:
         # reward file is asked after the rollout (its work would share the decode's
         # cores); so is a reward that takes the LM reward model's scores (they come after
         # the rollout).
-        feeds = self.remote_reward and not use_lm and MODES[cfg.overlap.mode][0]
+        feeds = self.remote_reward and cfg.reward.remote.feed and not use_lm and MODES[cfg.overlap.mode][0]
         self.policy = mk("actor", PolicyRole, beside=feeds and not self.separate_rollout, cfg=cfg_dict,
                          optimizer_steps=opt_steps)
         self.ref = mk("ref", ReferenceRole, cfg=cfg_dict) if counts["ref"] else None
