@@ -358,8 +358,8 @@ class RemoteRewardConfig:
     backoff_s: float = 0.2        # first retry's mean wait; doubles each retry (full jitter)
     backoff_max_s: float = 10.0   # no retry waits longer (a 429's Retry-After is honoured up to this)
     # intra/oppo: send each sequence as it finishes, while the rollout decodes (off: the
-    # whole batch after the rollout). Off by default: on 2 CPU cores with the service's
-    # work on the same cores it measured slower (docs/overlap.md, Measured).
+    # whole batch after the rollout). Off by default: on 2 CPU cores it measured slower,
+    # the rollout actor's second thread slowing its decode and training (docs/overlap.md).
     feed: bool = False
     # With `feed`: how often the driver takes the sequences that finished from a running
     # decode and sends them (each goes out within this of its last token).

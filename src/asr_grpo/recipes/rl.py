@@ -113,12 +113,12 @@ class RLRecipe:
         mk = lambda role, cls, beside=False, **kw: RoleGroup(role, cls, self.plan, self.pg,  # noqa: E731
                                                              init_kwargs=kw, beside=beside, **restart_options(role))
         self.remote_reward = bool(cfg.reward.remote.urls)
-        # A reward service is asked as sequences finish (under intra/oppo): its wait is on
-        # another machine, so it hides under the decode. The rollout hosts then hand out
-        # what finished while a decode runs (on a second thread: `call_beside`). A local
-        # reward file is asked after the rollout (its work would share the decode's
-        # cores); so is a reward that takes the LM reward model's scores (they come after
-        # the rollout).
+        # With `reward.remote.feed` a reward service is asked as sequences finish (under
+        # intra/oppo): its wait is on another machine, so it hides under the decode. The
+        # rollout hosts then hand out what finished while a decode runs (on a second
+        # thread: `call_beside`). Otherwise the service is asked after the rollout, as is
+        # a local reward file (its work would share the decode's cores) and a reward that
+        # takes the LM reward model's scores (they come after the rollout).
         feeds = self.remote_reward and cfg.reward.remote.feed and not use_lm and MODES[cfg.overlap.mode][0]
         self.policy = mk("actor", PolicyRole, beside=feeds and not self.separate_rollout, cfg=cfg_dict,
                          optimizer_steps=opt_steps)
