@@ -232,45 +232,38 @@ def test_unsatisfiable_requests_fail_clearly_without_hanging(local_ray, groups):
     assert "PENDING" not in states and "REMOVED" in states
 
 
-def feeder_cls():
+def pusher_cls():
     from asr_grpo.distributed.role_group import RoleBase
 
-    class Feeder(RoleBase):
-        """A long call that makes items one by one, and a read of what it made so far."""
+    class Pusher(RoleBase):
+        """A long call that pushes items one by one to a feed inbox, without waiting."""
 
-        def __init__(self):
-            self.made = []
-
-        def work(self, n):
+        def work(self, n, inbox):
             for i in range(n):
                 time.sleep(0.05)
-                self.made.append(i)
+                inbox.put([i])
             return n
-
-        def take(self):
-            taken, self.made = self.made, []
-            return taken
-    return Feeder
+    return Pusher
 
 
 @pytest.mark.slow
-def test_a_call_beside_reads_a_rank_while_its_long_call_runs(local_ray, groups):
+def test_a_long_call_pushes_to_the_feed_inbox_while_it_runs(local_ray, groups):
+    from asr_grpo.distributed.feed_inbox import RayFeedInbox
     from asr_grpo.distributed.ray_cluster import ray_calls_ended
     from asr_grpo.distributed.role_group import RoleGroup
-    plan = plan_placement(COLOCATE, {"actor": 1, "ref": 1})
+    plan = plan_placement(COLOCATE, {"actor": 1})
     groups["pg"] = create_placement_group(plan, timeout_s=120)
-    feeder = RoleGroup("actor", feeder_cls(), plan, groups["pg"], beside=True, timeout_s=120)
-    groups["groups"].append(feeder)
-    feeder.wait_ready()
-    calls = feeder.call("work", 20)
+    pusher = RoleGroup("actor", pusher_cls(), plan, groups["pg"], timeout_s=120)
+    groups["groups"].append(pusher)
+    pusher.wait_ready()
+    inbox = RayFeedInbox()
+    calls = pusher.call("work", 20, inbox)
     during = []
     while not ray_calls_ended(calls, 0.1):
-        during += ray.get(feeder.call_beside("take"))[0]
+        during += inbox.take()
     assert ray.get(calls) == [20]
-    assert 0 < len(during) < 20          # read while the call ran, before it ended
-    assert during + ray.get(feeder.call_beside("take"))[0] == list(range(20))   # each item once, in order
-
-    plain = RoleGroup("ref", feeder_cls(), plan, groups["pg"], timeout_s=120)
-    groups["groups"].append(plain)
-    with pytest.raises(RuntimeError, match="beside=True"):
-        plain.call_beside("take")
+    assert 0 < len(during) < 20          # taken while the call ran, before it ended
+    deadline = time.monotonic() + 30     # the last pushes may land after the call's end
+    while len(during) < 20 and time.monotonic() < deadline:
+        during += inbox.take()
+    assert during == list(range(20))     # each item once, in order

@@ -1,9 +1,8 @@
 """The feed of finished sequences that a reward service gets under intra/oppo: a running
-decode hands out what finished (another thread reads it), and the scheduler sends each
-finished sequence to `on_finished` exactly once, whatever the plan's chunk."""
+decode pushes what finished to an inbox (at most every `every_s`), and the scheduler
+sends each finished sequence to `on_finished` exactly once, whatever the plan's chunk."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -13,41 +12,53 @@ from scripted_rollout import B, ScriptedEngine, ScriptedHost, prompts
 from asr_grpo.config.schema import OverlapConfig
 from asr_grpo.overlap.local_group import LocalGroup, local_resolve
 from asr_grpo.overlap.scheduler import RolloutScheduler
+from asr_grpo.rollout.feed import FeedInbox, FeedSink
 from asr_grpo.rollout.types import RolloutRequest
 
 
 class SlowEngine(ScriptedEngine):
-    """Each round takes a little wall time, so another thread can look in between."""
+    """Each round takes a little wall time, so the feed's period spans several rounds."""
 
     def _advance(self, quota) -> int:
         time.sleep(0.01)
         return super()._advance(quota)
 
 
+class Pushes(FeedInbox):
+    """An inbox that also keeps each push as it came."""
+
+    def __init__(self):
+        super().__init__()
+        self.pushes: list[list[str]] = []
+
+    def put(self, results):
+        self.pushes.append([r.uid for r in results])
+        super().put(results)
+
+
 def requests(k: int) -> list[RolloutRequest]:
     return [r for g in prompts()(k) for r in g.requests()]
 
 
-def test_a_decode_hands_out_its_finished_sequences_while_it_runs():
-    engine = SlowEngine()
+def test_a_decode_pushes_its_finished_sequences_while_it_runs():
+    engine, inbox = SlowEngine(), Pushes()
     engine.add_requests(requests(4))
-    out: dict = {}
-    worker = threading.Thread(target=lambda: out.update(touched=engine.decode(feed=True)))
-    worker.start()
-    taken = []
-    while worker.is_alive():
-        taken.append(engine.take_finished())
-        time.sleep(0.005)
-    worker.join()
-    during = [r.uid for part in taken for r in part]
-    after = [r.uid for r in engine.take_finished()]
-    assert sum(1 for part in taken if part) >= 2     # handed out in several batches as they finished
-    assert sorted(during + after) == sorted(s.request.uid for s in out["touched"])   # each once
-    assert all(s.done for part in taken for s in part)
-    # A decode that does not feed queues nothing.
+    touched = engine.decode(feed=FeedSink(inbox, every_s=0.0))
+    finished = [s.request.uid for s in touched if s.done]
+    pushed = [u for push in inbox.pushes for u in push]
+    assert len(inbox.pushes) >= 2                      # in several pushes, as they finished
+    assert sorted(pushed) == sorted(finished)          # each finished sequence once, nothing else
+    assert all(r.done for r in inbox.take()) and inbox.take() == []
+
+
+def test_the_feed_pushes_at_most_once_a_period():
+    engine, inbox = SlowEngine(), Pushes()
+    engine.add_requests(requests(4))
+    engine.decode(feed=FeedSink(inbox, every_s=60.0))
+    assert inbox.pushes == []        # the period never passed: the call's results carry them
     engine.add_requests(requests(1))
-    engine.decode()
-    assert engine.take_finished() == []
+    engine.decode()                  # a decode that does not feed pushes nothing
+    assert inbox.pushes == []
 
 
 def feeding_scheduler(mode: str, sent: list, waits: list, **overlap) -> RolloutScheduler:
@@ -59,7 +70,7 @@ def feeding_scheduler(mode: str, sent: list, waits: list, **overlap) -> RolloutS
 
     return RolloutScheduler(cfg, B, LocalGroup([ScriptedHost()]), None, resolve=local_resolve,
                             on_finished=lambda groups, seqs: sent.extend(s.uid for s in seqs),
-                            wait=wait, feed_every_s=0.02)
+                            wait=wait, feed=FeedSink(FeedInbox(), every_s=0.0))
 
 
 @pytest.mark.parametrize("mode, overlap", [("intra", {"chunk_size": 4}), ("oppo", {"chunk_size": 3, "delta_init": 2}),
@@ -73,7 +84,10 @@ def test_each_finished_sequence_is_sent_once_whatever_the_chunk(mode, overlap):
         out = sched.rollout(step, new_groups(sched.groups_wanted(step), step))
         trained += [s.uid for rs in out.results.values() for s in rs]
         assert out.metrics["overlap/rewards_sent_during_decode"] > 0
-    assert waits and set(waits) == {0.02}
+        # A push that lands after its call ended (Ray's fire-and-forget put): the next
+        # step's take finds sequences of groups already trained; none goes out again.
+        sched.feed.inbox.put([s for rs in out.results.values() for s in rs])
+    assert waits and set(waits) == {0.0}
     assert len(sent) == len(set(sent))                 # never twice
     assert set(trained) <= set(sent)                   # every trained sequence went out
     carried_done = {s.uid for e in sched.buffer for s in e.samples.values() if s.done}
@@ -84,7 +98,8 @@ def test_without_a_streaming_mode_nothing_is_fed():
     sent = []
     sched = RolloutScheduler(OmegaConf.structured(OverlapConfig(mode="none", controller="fixed")), B,
                              LocalGroup([ScriptedHost()]), None, resolve=local_resolve,
-                             on_finished=lambda groups, seqs: sent.extend(seqs), wait=lambda c, s: True)
+                             on_finished=lambda groups, seqs: sent.extend(seqs), wait=lambda c, s: True,
+                             feed=FeedSink(FeedInbox(), every_s=0.0))
     new_groups = prompts()
     sched.rollout(0, new_groups(sched.groups_wanted(0), 0))
-    assert sent == [] and not sched.feeds
+    assert sent == [] and not sched.feeds and sched.feed is None

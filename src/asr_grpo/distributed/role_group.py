@@ -16,7 +16,6 @@ from typing import Optional, Sequence
 from .net import free_port
 from .placement import PlacementPlan, Slot
 
-BESIDE = "beside"   # the concurrency group of `RoleGroup.call_beside`
 DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # Placement-group resources are granted under names like "GPU_group_1_<pg id hex>".
 _PG_RESOURCE = re.compile(r"^.+_group_(\d+)_([0-9a-f]+)$")
@@ -99,8 +98,7 @@ class RoleGroup:
     def __init__(self, role: str, actor_cls, plan: PlacementPlan, pg, *,
                  init_args: Sequence = (), init_kwargs: Optional[dict] = None,
                  env_vars: Optional[dict] = None, runtime_env: Optional[dict] = None,
-                 timeout_s: Optional[float] = None, max_restarts: int = 0, max_task_retries: int = 0,
-                 beside: bool = False):
+                 timeout_s: Optional[float] = None, max_restarts: int = 0, max_task_retries: int = 0):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -112,13 +110,7 @@ class RoleGroup:
         if pg is None and any(s.bundle_index is not None for s in self.slots):
             raise ValueError(f"role {role!r} needs GPU bundles but no placement group was "
                              f"given (create_placement_group(plan))")
-        # `beside`: a second thread serves `call_beside` while a long call runs (the
-        # actor's other methods stay one at a time, on a thread of their own).
-        self.beside = beside
-        if isinstance(actor_cls, ray.actor.ActorClass):
-            remote_cls = actor_cls
-        else:
-            remote_cls = ray.remote(concurrency_groups={BESIDE: 1})(actor_cls) if beside else ray.remote(actor_cls)
+        remote_cls = actor_cls if isinstance(actor_cls, ray.actor.ActorClass) else ray.remote(actor_cls)
         self.master_addr, self.master_port = _rendezvous(pg, self.slots[0])
         base_env = (runtime_env or {}).get("env_vars", {})
         self._handles = []
@@ -150,14 +142,6 @@ class RoleGroup:
 
     def call_rank(self, rank: int, method: str, *args, **kwargs):
         return getattr(self._handles[rank], method).remote(*args, **kwargs)
-
-    def call_beside(self, method: str) -> list:
-        """`method()` on every rank, run beside whatever call the rank is busy with (a
-        short read, such as the finished sequences of a running decode); one ObjectRef
-        per rank. Needs the group made with `beside=True`."""
-        if not self.beside:
-            raise RuntimeError(f"{self.role}: call_beside needs the role group made with beside=True")
-        return [getattr(h, method).options(concurrency_group=BESIDE).remote() for h in self._handles]
 
     def call_split(self, method: str, per_rank_args: Sequence, **kwargs) -> list:
         """Rank i runs `method(per_rank_args[i], **kwargs)` (e.g. its shard of a batch)."""

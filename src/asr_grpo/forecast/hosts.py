@@ -88,7 +88,7 @@ class SimEngine(SequencePool):
         return len(live)
 
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1, feed: bool = False) -> list[SequenceState]:
+               stop_check_every: int = 1, feed=None) -> list[SequenceState]:
         """`SequencePool.decode`, a run of rounds at a time: between two rounds in which
         sequences finish, the rows (and so the cost per round) change only by context."""
         self.start_feed(feed)
@@ -137,7 +137,7 @@ class SimHost(EngineHost):
         self.debt = 0.0   # seconds streamed scoring on this engine's GPUs took from its decode
 
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1, feed: bool = False) -> Pending:
+               stop_check_every: int = 1, feed=None) -> Pending:
         engine = self.engine
         engine.t = max(engine.t, self.clock.now) + self.call_s
         # An idle engine's GPU absorbs the scorers' work; a busy one's first round pays it.

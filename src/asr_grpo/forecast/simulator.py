@@ -9,8 +9,8 @@ After the rollout (the virtual now, when the last decode call ended):
   3. the rule rewards follow the LM reward model's scores (CPU);
   4. a reward service (`remote_per_seq_s`): one slot drains the sequences at r seconds
      each (`service_drain`); under intra/oppo each is sent as it finishes (the
-     scheduler's feed, as the recipe wires it: at its last token plus half the feed's
-     period), otherwise all at once after the decode (after the LM reward model's
+     scheduler's feed, as the recipe wires it: at its last token plus the feed's
+     period, half waiting for the host's push and half for the driver's take), otherwise all at once after the decode (after the LM reward model's
      scores, which such a reward takes); the wait left when they are sent is added to
      the step's scoring;
   5. training starts when every score is in: actor and critic at once, taking turns
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
+from asr_grpo.config.schema import RemoteRewardConfig
 from asr_grpo.forecast.clock import Lane, Span, VirtualClock, make_resolve
 from asr_grpo.forecast.costs import SimProfile
 from asr_grpo.forecast.hosts import SimEngine, SimHost
@@ -131,10 +132,11 @@ class Simulation:
     # ---- one step --------------------------------------------------------------------------
     def _send_finished(self, groups, seqs) -> None:
         """The scheduler's `on_finished`: each sequence as it finished (the engines stamp
-        their virtual time), taken by the feed half its period later on average."""
+        their virtual time), sent the feed's period later on average (the host pushes
+        every period, the driver takes every period)."""
         fresh = [s for s in seqs if s.uid not in self._asked]
         self._asked.update(s.uid for s in fresh)
-        lag = self.scheduler.feed_every_s / 2
+        lag = RemoteRewardConfig.feed_every_s
         self._sent += [(s.finished_at if s.finished_at is not None else self.clock.now) + lag for s in fresh]
 
     def _reward_wait(self, seqs, sent_at: float) -> float:

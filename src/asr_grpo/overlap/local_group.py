@@ -26,10 +26,6 @@ class LocalGroup:
     def call_rank(self, rank: int, method: str, *args, **kwargs):
         return getattr(self.members[rank], method)(*args, **kwargs)
 
-    def call_beside(self, method: str) -> list:
-        """In process nothing runs beside a call: the same as `call`."""
-        return self.call(method)
-
     def call_split(self, method: str, per_rank_args: Sequence, **kwargs) -> list:
         if len(per_rank_args) != len(self.members):
             raise ValueError(f"{len(per_rank_args)} per-rank arguments for {len(self.members)} members")

@@ -41,6 +41,7 @@ from asr_grpo.overlap.cost_model import CostFitter
 from asr_grpo.overlap.planners import MODES, StepObservation, StepPlan, make_planner, merge_decode_stats
 from asr_grpo.overlap.step_times import StepTimes
 from asr_grpo.overlap.stream_ledger import StreamedScores, StreamLedger, never_died
+from asr_grpo.rollout.feed import FeedSink
 from asr_grpo.rollout.types import RolloutRequest, SequenceResult
 from asr_grpo.tracking.rollout_metrics import prefix_cache_metrics, staleness_histogram
 
@@ -88,7 +89,7 @@ class RolloutScheduler:
                  stream_hidden_prior: float = 0.0, clock: Callable[[], float] = time.monotonic,
                  on_finished: Callable[[list[PromptGroup], list[SequenceResult]], None] | None = None,
                  recorded_plans: Mapping[int, dict] | None = None,
-                 wait: Callable[[list, float], bool] | None = None, feed_every_s: float = 0.05):
+                 wait: Callable[[list, float], bool] | None = None, feed: FeedSink | None = None):
         self.mode = overlap_cfg.mode
         if self.mode not in MODES:
             raise ValueError(f"overlap.mode={self.mode!r}: expected one of {', '.join(MODES)}")
@@ -107,12 +108,13 @@ class RolloutScheduler:
         # recorded_plans: `overlap.replay_plan`'s record (the caller reads it from MLflow).
         self.planner = make_planner(overlap_cfg, prompts_per_step, stream_hidden_prior, recorded_plans,
                                     streams_rewards=self.streams.on_finished is not None)
-        # With a streamed reward every decode call feeds: `wait(refs, seconds)` (whether
-        # the calls ended within the seconds; None: the caller cannot wait part-way, e.g.
-        # the forecast's clock) lets the driver take the finished sequences every
-        # `feed_every_s` while the call runs, so each is sent soon after its last token.
+        # With a streamed reward every decode call's finished sequences are sent after
+        # the call; with a `feed` (rollout/feed.py) the hosts also push them while the
+        # call runs, and the driver takes them every `feed.every_s` until `wait(refs,
+        # seconds)` says the calls ended (None: the caller cannot wait part-way, e.g.
+        # the forecast's clock), so each is sent soon after its last token.
         self.feeds = self.streams.on_finished is not None
-        self._wait, self.feed_every_s = wait, float(feed_every_s)
+        self._wait, self.feed = wait, feed if self.feeds else None
         self.stop_check_every = int(overlap_cfg.stop_check_every)
         self.recheck_tokens = int(overlap_cfg.chunk_size)
         self.buffer: list[BufferedGroup] = []
@@ -175,9 +177,9 @@ class RolloutScheduler:
         while not self._enough():
             before = {s.uid: len(s.tokens) for e in self.buffer for s in e.samples.values()}
             quotas = self._quotas()
-            calls = [self.hosts.call_rank(h, "decode", call_tokens, quotas[h], self.stop_check_every, self.feeds)
+            calls = [self.hosts.call_rank(h, "decode", call_tokens, quotas[h], self.stop_check_every, self.feed)
                      for h in range(self.hosts.world_size)]
-            if self.feeds and self._wait is not None:
+            if self.feed is not None and self._wait is not None:
                 sent_early += self._feed_while(calls)
             replies = self._gather(calls)
             touched = [r for results in replies for r in results or []]
@@ -254,18 +256,14 @@ class RolloutScheduler:
         self.streams.begin_step(live)
 
     def _feed_while(self, calls: list) -> int:
-        """Until the decode `calls` end: every `feed_every_s`, the sequences the hosts
-        finished since the last look go to `on_finished`; returns how many went. A host
-        that fails here is left to the decode's own gather (which restores it)."""
+        """Until the decode `calls` end: every `feed.every_s`, what the hosts pushed to
+        the feed's inbox goes to `on_finished`; returns how many went. A push can land
+        after its call ended: one of a group already trained is dropped here, one sent
+        already is dropped by the ledger."""
         groups = {e.group.uid: e.group for e in self.buffer}
         sent = 0
-        while not self._wait(calls, self.feed_every_s):
-            try:
-                fed = [r for part in self._get(self.hosts.call_beside("take_finished")) for r in part]
-            except Exception as exc:
-                if not self._is_death(exc):
-                    raise
-                break
+        while not self._wait(calls, self.feed.every_s):
+            fed = [r for r in self.feed.inbox.take() if r.group in groups]
             sent += self.streams.send_finished(fed, groups)
         return sent
 

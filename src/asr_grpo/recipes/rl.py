@@ -25,6 +25,7 @@ from asr_grpo.config.validate import validate_config
 from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
 from asr_grpo.data.augment import perturb
 from asr_grpo.distributed.faults import TrainerDied, is_actor_death, restart_options, trainer_died_message
+from asr_grpo.distributed.feed_inbox import RayFeedInbox
 from asr_grpo.distributed.net import free_port
 from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
 from asr_grpo.distributed.ray_cluster import ray_calls_ended, shutdown_ray, start_ray
@@ -42,6 +43,7 @@ from asr_grpo.recipes.protocol import run_recipe
 from asr_grpo.recipes.start_checkpoint import prepare_start_checkpoint
 from asr_grpo.recipes.text_lm_cache import ensure_text_lm
 from asr_grpo.rewards.text import error_rates_by_language
+from asr_grpo.rollout.feed import FeedSink
 from asr_grpo.tracking import MlflowRun
 from asr_grpo.tracking.plans import log_plans, read_plans
 from asr_grpo.tracking.runs import GROUP_LENGTHS
@@ -110,18 +112,18 @@ class RLRecipe:
         self.pg = create_placement_group(self.plan) if self.plan.bundles else None
         cfg_dict = OmegaConf.to_container(cfg, resolve=True)
         opt_steps = cfg.trainer.steps * optimizer_steps_per_rl_step(cfg)
-        mk = lambda role, cls, beside=False, **kw: RoleGroup(role, cls, self.plan, self.pg,  # noqa: E731
-                                                             init_kwargs=kw, beside=beside, **restart_options(role))
+        mk = lambda role, cls, **kw: RoleGroup(role, cls, self.plan, self.pg, init_kwargs=kw,  # noqa: E731
+                                               **restart_options(role))
         self.remote_reward = bool(cfg.reward.remote.urls)
         # With `reward.remote.feed` a reward service is asked as sequences finish (under
         # intra/oppo): its wait is on another machine, so it hides under the decode. The
-        # rollout hosts then hand out what finished while a decode runs (on a second
-        # thread: `call_beside`). Otherwise the service is asked after the rollout, as is
-        # a local reward file (its work would share the decode's cores) and a reward that
+        # rollout hosts then push what finished to an inbox while a decode runs
+        # (rollout/feed.py). Otherwise the service is asked after the rollout, as is a
+        # local reward file (its work would share the decode's cores) and a reward that
         # takes the LM reward model's scores (they come after the rollout).
         feeds = self.remote_reward and cfg.reward.remote.feed and not use_lm and MODES[cfg.overlap.mode][0]
-        self.policy = mk("actor", PolicyRole, beside=feeds and not self.separate_rollout, cfg=cfg_dict,
-                         optimizer_steps=opt_steps)
+        self.feed = FeedSink(RayFeedInbox(), cfg.reward.remote.feed_every_s) if feeds else None
+        self.policy = mk("actor", PolicyRole, cfg=cfg_dict, optimizer_steps=opt_steps)
         self.ref = mk("ref", ReferenceRole, cfg=cfg_dict) if counts["ref"] else None
         self.critic = mk("critic", CriticRole, cfg=cfg_dict, optimizer_steps=opt_steps) if counts["critic"] else None
         if self.remote_reward:
@@ -135,7 +137,7 @@ class RLRecipe:
         self.rollout_group = None
         if self.separate_rollout:
             rollout_cls, rollout_plan, rollout_kw = rollout_role_spec(cfg, self.plan)
-            self.rollout_group = RoleGroup("rollout", rollout_cls, rollout_plan, self.pg, beside=feeds,
+            self.rollout_group = RoleGroup("rollout", rollout_cls, rollout_plan, self.pg,
                                            init_kwargs={"cfg": cfg_dict, **rollout_kw}, **restart_options("rollout"))
         self.groups = [g for g in (self.policy, self.ref, self.critic, self.reward_model, self.reward,
                                    self.rollout_group)
@@ -155,7 +157,7 @@ class RLRecipe:
                                           frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg),
                                           on_finished=self.maker.submit_finished if feeds else None,
                                           recorded_plans=recorded_plans, wait=ray_calls_ended,
-                                          feed_every_s=cfg.reward.remote.feed_every_s)
+                                          feed=self.feed)
         self.placement = {g.role: g.placement_report() for g in self.groups}
         self._pids = {g.role: g.pids() for g in self.groups if g.restartable}
         self.restarts = {role: 0 for role in self._pids}

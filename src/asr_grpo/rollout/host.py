@@ -6,6 +6,7 @@ the forecast's simulated hosts (`forecast/hosts.SimHost`) are both an `EngineHos
 scheduler drives them the same way. Results travel without the prompt audio."""
 from __future__ import annotations
 
+from asr_grpo.rollout.feed import FeedSink
 from asr_grpo.rollout.types import ChunkedEngine, RolloutRequest, SequenceResult, SequenceState
 
 
@@ -34,20 +35,15 @@ class EngineHost:
         return len(self.engine.live())
 
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1, feed: bool = False) -> list[SequenceResult]:
+               stop_check_every: int = 1, feed: FeedSink | None = None) -> list[SequenceResult]:
         """Advance every live sequence (up to `max_tokens`, or until `stop_after_groups`
         groups completed); returns the state of each sequence touched (finished ones
         included, so nothing needs `pop_finished` afterwards). `feed`: the sequences that
-        finish can be taken with `take_finished` while the call runs."""
+        finish are pushed there while the call runs (rollout/feed.py)."""
         self.refuse_if_restarted("its live sequences and weights")
         touched = [s.result() for s in self.engine.decode(max_tokens, stop_after_groups, stop_check_every, feed)]
         self.engine.pop_finished()
         return touched
-
-    def take_finished(self) -> list[SequenceResult]:
-        """What finished in the running `decode(feed=True)` call since the last take. A
-        Ray host serves it beside the decode (`RoleGroup.call_beside`)."""
-        return self.engine.take_finished()
 
     def take_decode_stats(self) -> dict:
         """Decode-round and prefill costs measured since the last call (cost model input)."""

@@ -7,7 +7,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from asr_grpo.rollout.types import RolloutRequest, SequenceResult, SequenceState
+from asr_grpo.rollout.feed import FeedSink
+from asr_grpo.rollout.types import RolloutRequest, SequenceState
 
 
 class GroupQuota:
@@ -79,10 +80,11 @@ class SequencePool:
         self.max_new_tokens, self.eos = max_new_tokens, set(eos or ())
         self.clock = time.perf_counter   # the forecast's simulated engines run on a virtual clock
         self.wall_clock = time.time      # stamps `finished_at` (the forecast's engines: their virtual time)
-        # The feed: sequences that finished during a `decode(feed=True)` call, for
-        # `take_finished` to hand out while the call still runs (another thread).
-        self._feeding = False
+        # The feed (rollout/feed.py): where a decode call pushes what finished, what it
+        # has not pushed yet, and when it last pushed (on `clock`).
+        self._feed: FeedSink | None = None
         self._fed: list[SequenceState] = []
+        self._fed_at = 0.0
 
     # ---- round-by-round decoding ------------------------------------------------------
     def _prepare(self) -> None:
@@ -94,13 +96,13 @@ class SequencePool:
         raise NotImplementedError
 
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1, feed: bool = False) -> list[SequenceState]:
+               stop_check_every: int = 1, feed: FeedSink | None = None) -> list[SequenceState]:
         """Advance every live sequence by up to `max_tokens` (None: to the end); with
         `stop_after_groups=k`, stop as soon as k prompt groups have completed in this
         call (checked every `stop_check_every` rounds). Returns the sequences advanced
         (finished ones move to `pop_finished`). Every row advances one token per
         round, so the tokens a sequence gained in a call say in which round it finished.
-        `feed`: each sequence that finishes is also queued for `take_finished`."""
+        `feed`: the sequences that finish are also pushed there while the call runs."""
         self.start_feed(feed)
         self._prepare()
         touched = [s for s in self._live if not s.done]
@@ -112,6 +114,7 @@ class SequencePool:
             if not rows:
                 break
             self.stats.add_round(rows, self.clock() - t0)
+            self._push_fed()
             if quota is not None and quota.met and (tick + 1) % stop_check_every == 0:
                 break
         self._retire_finished()
@@ -134,22 +137,21 @@ class SequencePool:
         return False
 
     # ---- the feed of finished sequences ---------------------------------------------------
-    def start_feed(self, on: bool) -> None:
-        """At a decode call's start: whether it feeds. What the last call fed and nobody
-        took is dropped (the caller had it in that call's results)."""
-        self._feeding, self._fed = on, []
+    def start_feed(self, feed: FeedSink | None) -> None:
+        """At a decode call's start: where it pushes what finishes (None: nowhere). What
+        the last call did not push is dropped (the caller had it in that call's results)."""
+        self._feed, self._fed, self._fed_at = feed, [], self.clock()
 
     def _mark_finished(self, seq: SequenceState) -> None:
         seq.finished_at = self.wall_clock()
-        if self._feeding:
+        if self._feed is not None:
             self._fed.append(seq)
 
-    def take_finished(self) -> list[SequenceResult]:
-        """The sequences that finished since the last take (in the running call). Safe
-        from another thread: the list is swapped whole, and a finished sequence no
-        longer changes."""
-        taken, self._fed = self._fed, []
-        return [s.result() for s in taken]
+    def _push_fed(self) -> None:
+        """Between rounds: push what finished since the last push, once `every_s` passed."""
+        if self._fed and self.clock() - self._fed_at >= self._feed.every_s:
+            self._feed.send([s.result() for s in self._fed])
+            self._fed, self._fed_at = [], self.clock()
 
     def _invalidate(self) -> None:
         """Hook: whatever an engine cached for its live sequences is stale now."""

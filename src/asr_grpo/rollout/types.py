@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:   # a name in annotations only: the scheduler and forecast load no model code
     from asr_grpo.models.sequences import AudioFeatures
+    from asr_grpo.rollout.feed import FeedSink
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,8 @@ class ChunkedEngine(Protocol):
     def add_sequences(self, sequences: list[SequenceState]) -> None: ...
 
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1, feed: bool = False) -> list[SequenceState]: ...
-
-    def take_finished(self) -> list[SequenceResult]:
-        """The sequences a running `decode(feed=True)` finished since the last take."""
+               stop_check_every: int = 1, feed: FeedSink | None = None) -> list[SequenceState]:
+        """`feed` (rollout/feed.py): push the sequences that finish there while the call runs."""
 
     def take_stats(self) -> dict: ...
 

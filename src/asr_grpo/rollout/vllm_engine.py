@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from asr_grpo.models.sequences import AudioFeatures
+from asr_grpo.rollout.feed import FeedSink
 from asr_grpo.rollout.pool import GroupQuota, SequencePool
 from asr_grpo.rollout.sampling import token_seed
 from asr_grpo.rollout.types import SamplingParams, SequenceState
@@ -136,12 +137,12 @@ class VLLMChunkedEngine(SequencePool):
                                  use_tqdm=False)
 
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1, feed: bool = False) -> list[SequenceState]:
+               stop_check_every: int = 1, feed: FeedSink | None = None) -> list[SequenceState]:
         """Advance every live sequence by up to `max_tokens` (None: to the end) in one
         `generate`; returns the sequences advanced (finished ones move to `pop_finished`).
         With `stop_after_groups=k`, generate `stop_check_every` tokens at a time and stop
         once k prompt groups have completed (each slice is a prefix-cached continuation).
-        `feed`: as `SequencePool.decode` (a slice's finished sequences, when it returns)."""
+        `feed`: as `SequencePool.decode` (a slice's finished sequences, after the slice)."""
         self.start_feed(feed)
         self._finish_at_budget(self.sampling.max_new_tokens)
         seqs = list(self._live)
@@ -167,6 +168,7 @@ class VLLMChunkedEngine(SequencePool):
                     quota.finished(seq)
             self.stats.add_round(len(live), time.perf_counter() - t0, count=n)
             self._retire_finished()
+            self._push_fed()
             done += n
         return seqs
 
