@@ -358,8 +358,8 @@ class RemoteRewardConfig:
     backoff_s: float = 0.2        # first retry's mean wait; doubles each retry (full jitter)
     backoff_max_s: float = 10.0   # no retry waits longer (a 429's Retry-After is honoured up to this)
     # intra/oppo: send each sequence as it finishes, while the rollout decodes (off: the
-    # whole batch after the rollout). Off by default: it pays only where the service's
-    # wait is long against the decode (docs/overlap.md).
+    # whole batch after the rollout). Off by default: on 2 CPU cores it measured no
+    # difference, the feed's own work slowing the decode it hides under (docs/overlap.md).
     feed: bool = False
     # With `feed`: how often a decoding host pushes what finished, and how often the
     # driver takes it and sends it (each goes out within twice this of its last token).
