@@ -320,7 +320,7 @@ def remote_prediction(run_id: str, tracking_uri: str, modes=MODES, steps: int = 
               "reward.remote.urls): this is the local-reward forecast", file=sys.stderr)
     if predict_only:
         Path(predict_only).parent.mkdir(parents=True, exist_ok=True)
-        Path(predict_only).write_text(json.dumps(out, indent=1))
+        Path(predict_only).write_text(portable(json.dumps(out, indent=1)))   # no machine paths
     return out
 
 
