@@ -69,7 +69,7 @@ FAULTS = {
 
 def command_line(out: Path, files: dict[str, str], fault: str) -> list[str]:
     keys = {"data.train_manifest": files["train"], "data.dev_manifest": files["dev"], **FAULTS[fault][1](files)}
-    return ["debug=fast", f"paths.output_root={out}", f"logger.tracking_uri='sqlite:///{out}/mlflow.db'",
+    return ["debug=fast", f"paths.output_root={out}", f"logger.tracking_uri=sqlite:///{out}/mlflow.db",
             *(f"{k}={v}" for k, v in keys.items() if v is not None)]
 
 
