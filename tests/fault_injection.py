@@ -1,5 +1,6 @@
-"""Fault-injection helpers (tests/faults): a switchable faulty reward file, killing our
-own Ray actors' processes at a chosen moment, and the sockets our process tree listens on."""
+"""Fault-injection helpers (tests/faults): bad data files, a switchable faulty reward
+file, killing our own Ray actors' processes at a chosen moment, and the sockets our
+process tree listens on."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,40 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
+import soundfile as sf
+
+SR = 16000
+
+
+def tone(seconds: float, sr: int = SR, channels: int = 1) -> np.ndarray:
+    t = np.arange(int(seconds * sr)) / sr
+    x = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    return x if channels == 1 else np.stack([x, 0.5 * x], 1)
+
+
+def write_wav(folder, name: str, audio: np.ndarray, sr: int = SR, subtype: str | None = None) -> str:
+    sf.write(folder / name, audio, sr, subtype=subtype)
+    return name
+
+
+def row(uid: str, audio: str, duration: float = 1.0, **overrides) -> dict:
+    """A manifest line (English, 1 s unless told); `field=...` drops a field."""
+    out = {"id": uid, "audio": audio, "text": "turn on the lights", "language": "en",
+           "keywords": ["lights"], "duration": duration, **overrides}
+    return {k: v for k, v in out.items() if v is not ...}
+
+
+def corrupt(folder) -> str:
+    """A WAV whose header is cut short: libsndfile cannot read it."""
+    (folder / "corrupt.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt " + bytes(40))
+    return "corrupt.wav"
+
+
+def write_manifest(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
 
 
 class FaultReward:

@@ -73,9 +73,9 @@ def evaluate_dataset(model, processor, dataset, max_utterances: int | None = Non
 
 def evaluation_sets(manifests: CorpusManifests, data_cfg) -> dict[str, AsrDataset]:
     """Dev, then the held-out-voice split when the manifests have one."""
-    sets = {"dev": AsrDataset(manifests.dev, data_cfg)}
+    sets = {"dev": AsrDataset(manifests.dev, data_cfg, split="dev")}
     if manifests.heldout_voices is not None:
-        sets[HELDOUT_SPLIT] = AsrDataset(manifests.heldout_voices, data_cfg)
+        sets[HELDOUT_SPLIT] = AsrDataset(manifests.heldout_voices, data_cfg, split=HELDOUT_SPLIT)
     return sets
 
 

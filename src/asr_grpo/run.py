@@ -14,8 +14,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from asr_grpo.config import register_configs
+from asr_grpo.config.errors import ConfigError, one_line_errors
 from asr_grpo.config.store import CONF_DIR
-from asr_grpo.config.validate import ConfigError, validate_config
+from asr_grpo.config.validate import validate_config
 from asr_grpo.sweep import current_sweep_job
 
 log = logging.getLogger(__name__)
@@ -66,11 +67,9 @@ def train(cfg: DictConfig, tags: dict | None = None) -> dict:
 def main(cfg: DictConfig) -> dict:
     job = current_sweep_job()   # `-m`: one job of a sweep (see asr_grpo.sweep)
     if job is None:
-        try:
+        with one_line_errors("asr_grpo.run"):   # a bad key, manifest or model folder: say what
             own_checkpoint_folder(cfg)
             return train(cfg)
-        except ConfigError as e:   # the user's to fix: say what, no traceback
-            raise SystemExit(f"asr_grpo.run: {e}") from None
     job.prepare(cfg)
     return job.run(lambda: train(cfg, tags=job.tags))
 

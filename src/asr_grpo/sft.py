@@ -8,8 +8,9 @@ import hydra
 from omegaconf import DictConfig
 
 from asr_grpo.config import register_configs
+from asr_grpo.config.errors import one_line_errors
 from asr_grpo.config.store import CONF_DIR
-from asr_grpo.config.validate import ConfigError, validate_config
+from asr_grpo.config.validate import validate_config
 
 log = logging.getLogger(__name__)
 register_configs()
@@ -17,13 +18,11 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="sft")
 def main(cfg: DictConfig) -> None:
-    try:
+    with one_line_errors("asr_grpo.sft"):   # a bad key, manifest or model folder: say what
         validate_config(cfg)
-    except ConfigError as e:   # the user's to fix: say what, no traceback
-        raise SystemExit(f"asr_grpo.sft: {e}") from None
-    from asr_grpo.recipes.sft import run_sft  # heavy imports after config validation
+        from asr_grpo.recipes.sft import run_sft  # heavy imports after config validation
 
-    summary = run_sft(cfg)
+        summary = run_sft(cfg)
     dev = summary["dev"]
     print(json.dumps(summary, indent=2, default=str))
     print(f"dev CER {dev['cer']:.3f} (en {dev.get('cer/en', float('nan')):.3f}, "

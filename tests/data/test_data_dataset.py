@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from asr_grpo.config.errors import ConfigError
 from asr_grpo.config.schema import DataConfig
 from asr_grpo.data import AsrDataset, AudioError, ManifestError, resolve_manifests
 from asr_grpo.data import dataset as dataset_module
@@ -62,17 +63,19 @@ def test_resolve_user_manifests(tmp_path, monkeypatch):
     (tmp_path / "rl.jsonl").write_text("")
     with_rl = resolve_manifests(dataclasses.replace(cfg, rl_manifest=str(tmp_path / "rl.jsonl")), tmp_path)
     assert with_rl.rl_prompts == tmp_path / "rl.jsonl" and with_rl.train == got.train
-    with pytest.raises(FileNotFoundError, match="data.rl_manifest"):
+    with pytest.raises(ConfigError, match="data.rl_manifest"):
         resolve_manifests(dataclasses.replace(cfg, rl_manifest=str(tmp_path / "nope.jsonl")), tmp_path)
     (tmp_path / "voices.jsonl").write_text("")
     mine = resolve_manifests(dataclasses.replace(cfg, heldout_voices_manifest=str(tmp_path / "voices.jsonl")), tmp_path)
     assert mine.heldout_voices == tmp_path / "voices.jsonl" and mine.dev == got.dev
-    with pytest.raises(FileNotFoundError, match="data.heldout_voices_manifest"):
+    with pytest.raises(ConfigError, match="data.heldout_voices_manifest"):
         resolve_manifests(dataclasses.replace(cfg, heldout_voices_manifest="nope.jsonl"), tmp_path)
-    with pytest.raises(ValueError, match="data.test_manifest"):
-        resolve_manifests(DataConfig(train_manifest=cfg.train_manifest,
-                                     dev_manifest=cfg.dev_manifest), tmp_path)
-    with pytest.raises(FileNotFoundError, match="data.dev_manifest"):
+    # test_manifest is optional (nothing reads it); train and dev are not.
+    no_test = resolve_manifests(DataConfig(train_manifest=cfg.train_manifest, dev_manifest=cfg.dev_manifest), tmp_path)
+    assert no_test.test is None and no_test.dev == got.dev
+    with pytest.raises(ConfigError, match="missing: data.dev_manifest$"):
+        resolve_manifests(DataConfig(train_manifest=cfg.train_manifest, test_manifest=cfg.test_manifest), tmp_path)
+    with pytest.raises(ConfigError, match="data.dev_manifest: x.jsonl does not exist"):
         resolve_manifests(DataConfig(train_manifest=cfg.train_manifest, dev_manifest="x.jsonl",
                                      test_manifest=cfg.test_manifest), tmp_path)
 

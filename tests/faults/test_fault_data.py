@@ -3,38 +3,12 @@ fast naming the manifest file and line, or skips the line and counts it; audio t
 merely unusual (stereo, another sample rate) is converted, never a crash in the model."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-import soundfile as sf
+from fault_injection import SR, corrupt, row, tone, write_manifest, write_wav
 
 from asr_grpo.config.schema import DataConfig
 from asr_grpo.data import AsrDataset, AudioError, ManifestError
-
-SR = 16000
-
-
-def tone(seconds: float, sr: int = SR, channels: int = 1) -> np.ndarray:
-    t = np.arange(int(seconds * sr)) / sr
-    x = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
-    return x if channels == 1 else np.stack([x, 0.5 * x], 1)
-
-
-def write_wav(folder, name: str, audio: np.ndarray, sr: int = SR, subtype: str | None = None) -> str:
-    sf.write(folder / name, audio, sr, subtype=subtype)
-    return name
-
-
-def row(uid: str, audio: str, duration: float = 1.0, **overrides) -> dict:
-    out = {"id": uid, "audio": audio, "text": "turn on the lights", "language": "en",
-           "keywords": ["lights"], "duration": duration, **overrides}
-    return {k: v for k, v in out.items() if v is not ...}   # ... drops a field
-
-
-def corrupt(folder) -> str:
-    (folder / "corrupt.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt " + bytes(40))
-    return "corrupt.wav"
 
 
 def empty_file(folder) -> str:
@@ -76,10 +50,7 @@ LOAD_FAULTS = {
 def manifest(folder, bad: dict) -> str:
     """Good line, bad line, good line: the bad one is line 2."""
     good = write_wav(folder, "good.wav", tone(1.0))
-    rows = [row("g1", good), bad, row("g2", good)]
-    path = folder / "train.jsonl"
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return str(path)
+    return write_manifest(folder / "train.jsonl", [row("g1", good), bad, row("g2", good)])
 
 
 def data_cfg(policy: str) -> DataConfig:
@@ -114,10 +85,26 @@ def test_sample_fault_fails_naming_file_and_line_or_is_skipped(tmp_path, fault):
 
 def test_a_manifest_with_no_usable_audio_says_so(tmp_path):
     silent = write_wav(tmp_path, "silent.wav", np.zeros(SR, np.float32))
-    path = tmp_path / "all_bad.jsonl"
-    path.write_text(json.dumps(row("s", silent)) + "\n")
-    with pytest.raises(ValueError, match="no utterance has usable audio"):
-        AsrDataset(path, data_cfg("skip")).load(0)
+    path = write_manifest(tmp_path / "all_bad.jsonl", [row("s", silent)])
+    with pytest.raises(ManifestError, match=r"no utterance has usable audio \(the train split; last problem"):
+        AsrDataset(path, data_cfg("skip"), split="train").load(0)
+
+
+def test_an_empty_manifest_is_an_error_naming_file_and_split(tmp_path):
+    """Not a dev CER of 0 or an RL run on no prompts: the file and the split are named."""
+    empty = tmp_path / "dev.jsonl"
+    empty.write_text("\n")   # blank lines are no utterances
+    with pytest.raises(ManifestError, match=f"^{empty}: the dev split has no utterances"):
+        AsrDataset(empty, data_cfg("error"), split="dev")
+
+
+def test_a_manifest_whose_lines_are_all_skipped_is_an_error_naming_the_first(tmp_path):
+    path = write_manifest(tmp_path / "rl.jsonl", [row("a", "nowhere.wav"), row("b", corrupt(tmp_path))])
+    with pytest.raises(ManifestError) as err:
+        AsrDataset(path, data_cfg("skip"), split="rl")
+    message = str(err.value)
+    assert message.startswith(f"{path}: the rl split has no usable utterance: ")
+    assert "skipped all 2 lines (line 1: " in message and "audio file not found" in message
 
 
 @pytest.mark.parametrize("name, audio, sr", [("stereo.wav", tone(1.0, channels=2), SR),

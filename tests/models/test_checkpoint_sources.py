@@ -44,6 +44,20 @@ def test_what_does_not_qualify_says_why(tmp_path):
     assert "is a file" in checkpoint_problem(tmp_path / "file.bin")
 
 
+def test_a_model_saved_without_its_processor_is_refused_naming_the_files(tmp_path, tiny_model, tiny_processor):
+    """transformers would fail on it later with an OSError naming neither file."""
+    path = tmp_path / "model-only"
+    tiny_model.save_pretrained(path)
+    problem = checkpoint_problem(path)
+    assert problem.startswith(f"{path} has a model but no processor: ")
+    assert "no tokenizer (tokenizer.json or vocab.json or tokenizer.model)" in problem
+    assert "no feature extractor config (preprocessor_config.json or processor_config.json)" in problem
+    tiny_processor.tokenizer.save_pretrained(path)   # the tokenizer alone: the feature extractor is still named
+    assert "no tokenizer" not in checkpoint_problem(path) and "no feature extractor config" in checkpoint_problem(path)
+    tiny_processor.save_pretrained(path)
+    assert checkpoint_problem(path) is None
+
+
 def test_a_hub_id_is_left_to_from_pretrained():
     assert checkpoint_problem("Qwen/Qwen3-ASR-1.7B") is None
     assert checkpoint_problem("./Qwen/Qwen3-ASR-1.7B") is not None   # a relative path that is not there

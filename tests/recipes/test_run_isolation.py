@@ -139,7 +139,7 @@ def test_random_init_builds_fresh_weights_once_and_skips_sft(tmp_path):
 
 
 def test_a_model_path_that_cannot_load_fails_naming_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match=f"model.path='{tmp_path}/nothing': .* does not exist"):
+    with pytest.raises(ConfigError, match=f"model.path='{tmp_path}/nothing': .* does not exist"):
         prepare_start_checkpoint(compose_cfg(tmp_path, f"model.path={tmp_path}/nothing"))
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Callable, Generic, Iterator, TypeVar
 
+from asr_grpo.config.errors import ConfigError
+
 T = TypeVar("T")
 
 _LOADED: dict[str, "Registry"] = {}   # config key -> its registry, in load order
@@ -44,8 +46,6 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The entry of `name`, or a ConfigError listing the registered names."""
         if name not in self._entries:
-            from asr_grpo.config.validate import ConfigError  # validate imports this module
-
             raise ConfigError(self.unknown(name))
         return self._entries[name]
 

@@ -99,6 +99,8 @@ class DataConfig:
     # Your own held-out-voice evaluation split (logged as eval/heldout_voices/*). Empty:
     # the corpus' heldout_voices split (none with your own train/dev/test manifests).
     heldout_voices_manifest: str = ""
+    # Optional and read by neither SFT nor RL (they evaluate on dev): a record of your
+    # own test set. Set alone, it is an error: train and dev are then missing.
     test_manifest: str = ""
     # The prompts RL trains on. Empty: the corpus' rl split (or, with your own
     # manifests, train_manifest).

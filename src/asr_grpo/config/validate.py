@@ -7,12 +7,9 @@ from __future__ import annotations
 from functools import reduce
 from typing import Any
 
+from asr_grpo.config.errors import ConfigError
 from asr_grpo.config.registry import loaded_registries
 from asr_grpo.config.reward_file import RewardFunctionError, load_reward_function
-
-
-class ConfigError(ValueError):
-    pass
 
 
 def schema_problem(cfg: Any) -> str | None:

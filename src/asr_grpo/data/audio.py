@@ -9,15 +9,17 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from asr_grpo.config.errors import ConfigError
+
 # Below 8 kHz speech loses most of its consonants: such a file is a mistake, not audio
 # to upsample. A peak below -80 dBFS is digital silence (e.g. clipped to zeros).
 MIN_SAMPLE_RATE = 8000
 SILENCE_PEAK = 1e-4
 
 
-class AudioError(ValueError):
+class AudioError(ConfigError):
     """An audio file is missing, unreadable, empty, too short/long, silent, at a rate
-    too low for speech, or non-finite."""
+    too low for speech, or non-finite (the user's data: one line at the commands)."""
 
     def __init__(self, path: str | Path, problem: str, *, manifest: str | Path | None = None,
                  line: int | None = None) -> None:

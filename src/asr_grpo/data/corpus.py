@@ -149,7 +149,7 @@ class CorpusManifests:
     root: Path
     train: Path
     dev: Path
-    test: Path
+    test: Path | None          # read by neither SFT nor RL; None: your own data has none
     rl: Path | None = None     # RL prompts; None: RL draws from train
     heldout_voices: Path | None = None   # evaluation on unseen speakers; None: none
 

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asr_grpo.config.errors import ConfigError
 from asr_grpo.data.audio import check_audio_file
 from asr_grpo.data.languages import LANGUAGES, canonical_code, script_problem
 
@@ -34,8 +35,9 @@ _FIELDS: dict[str, tuple[tuple[str, ...], tuple[type, ...]]] = {
 _OPTIONAL = {"id", "language"}
 
 
-class ManifestError(ValueError):
-    """A manifest line is malformed or references unusable audio."""
+class ManifestError(ConfigError):
+    """A manifest (or one of its lines) is malformed, empty or references unusable audio:
+    the user's data to fix, so the commands print it as one line."""
 
     def __init__(self, manifest: str | Path, line: int | None, problem: str) -> None:
         where = f"{manifest}, line {line}" if line is not None else str(manifest)
@@ -143,7 +145,7 @@ def read_manifest(path: str | Path, *, on_bad: str = "error", min_duration_s: fl
         try:
             default_language = canonical_code(default_language)
         except ValueError as exc:
-            raise ValueError(f"data.default_language: {exc}") from None
+            raise ConfigError(f"data.default_language: {exc}") from None
     manifest = Path(os.path.abspath(path))
     if not manifest.is_file():
         raise ManifestError(manifest, None, "manifest file not found")

@@ -75,6 +75,10 @@ def is_complete_checkpoint(path: str | Path) -> bool:
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
+# What the processor loads beside the weights: a tokenizer (any one of these) and the
+# audio feature extractor's settings (either file, by transformers version).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
+FEATURE_EXTRACTOR_FILES = ("preprocessor_config.json", "processor_config.json")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -83,9 +87,10 @@ def checkpoint_problem(path: str | Path) -> str | None:
 
     The completion marker belongs to this project's own atomic saves (a folder of ours
     never lacks it). Any other folder that `from_pretrained` reads qualifies: a
-    `config.json` beside its weights, as `save_pretrained` or a download leaves it. A
-    name that is no local path but looks like `org/name` is left to `from_pretrained`
-    (a hub id, where a hub is reachable).
+    `config.json` beside its weights and the processor's tokenizer and feature-extractor
+    files, as `save_pretrained` of model and processor or a download leaves them. A name
+    that is no local path but looks like `org/name` is left to `from_pretrained` (a hub
+    id, where a hub is reachable).
     """
     text = str(path)
     if not text:
@@ -104,6 +109,12 @@ def checkpoint_problem(path: str | Path) -> str | None:
         return f"{text} has no config.json (not a save_pretrained folder)"
     if not any((p / name).is_file() for name in WEIGHT_FILES):
         return f"{text} has a config.json but no weights ({' or '.join(WEIGHT_FILES[::2])})"
+    processor = (("tokenizer", TOKENIZER_FILES), ("feature extractor config", FEATURE_EXTRACTOR_FILES))
+    missing = [f"no {what} ({' or '.join(names)})" for what, names in processor
+               if not any((p / name).is_file() for name in names)]
+    if missing:   # transformers would fail on it with an OSError that names neither
+        return (f"{text} has a model but no processor: {'; '.join(missing)}; save the processor "
+                f"beside it (processor.save_pretrained)")
     return None
 
 

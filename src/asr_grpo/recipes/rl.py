@@ -40,7 +40,7 @@ from asr_grpo.overlap.planners import MODES, plan_record
 from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
 from asr_grpo.overlap.step_times import StepTimes
 from asr_grpo.recipes.protocol import run_recipe
-from asr_grpo.recipes.start_checkpoint import prepare_start_checkpoint
+from asr_grpo.recipes.start_checkpoint import check_start_checkpoint, prepare_start_checkpoint
 from asr_grpo.recipes.text_lm_cache import ensure_text_lm
 from asr_grpo.rewards.text import error_rates_by_language
 from asr_grpo.rollout.feed import FeedSink
@@ -98,14 +98,18 @@ class RLRecipe:
         counts["rollout"] = rollout_ranks(cfg)
         self.separate_rollout = counts["rollout"] > 0
         self.plan = plan_placement(cfg.placement, counts)   # fails here, before Ray starts
+        # The user's inputs before anything is built from them (SFT, the text LM, Ray):
+        # a bad model.path or manifest fails in seconds and opens no MLflow run.
+        check_start_checkpoint(cfg)
+        manifests = resolve_manifests(cfg.data, cfg.paths.output_root)
+        self.train_set = AsrDataset(manifests.rl_prompts, cfg.data,   # the prompts RL trains on
+                                    split="rl" if manifests.rl is not None else "train")
+        self.eval_sets = evaluation_sets(manifests, cfg.data)   # dev (+ held-out voices)
+        self.dev_set = self.eval_sets["dev"]
         cfg.model.path = prepare_start_checkpoint(cfg)   # what every role loads
         if use_lm:
             ensure_text_lm(cfg)   # trained on the corpus text once, then cached
         self.processor = load_processor(cfg.model.path)
-        manifests = resolve_manifests(cfg.data, cfg.paths.output_root)
-        self.train_set = AsrDataset(manifests.rl_prompts, cfg.data)   # the prompts RL trains on
-        self.eval_sets = evaluation_sets(manifests, cfg.data)   # dev (+ held-out voices)
-        self.dev_set = self.eval_sets["dev"]
         self.sampler = PromptSampler(len(self.train_set), cfg.seed)
 
         start_ray(cfg.placement)

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
+from asr_grpo.config.errors import ConfigError
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
 from asr_grpo.data.augment import perturb_batch, spec_augment
@@ -75,6 +76,13 @@ def starts_from_checkpoint(cfg) -> bool:
     return bool(cfg.model.path) and cfg.model.init == "pretrained" and not is_sft_output(cfg)
 
 
+def check_model_path(cfg) -> None:
+    """A `model.path` that cannot load is the user's to fix: a ConfigError naming it and why."""
+    problem = checkpoint_problem(cfg.model.path)
+    if problem is not None:
+        raise ConfigError(f"model.path={cfg.model.path!r}: {problem}")
+
+
 class SFTRecipe:
     def __init__(self, cfg: RunConfig | DictConfig):
         self.cfg = cfg
@@ -85,14 +93,13 @@ class SFTRecipe:
         cfg = self.cfg
         seed_everything(cfg.sft.seed)
         torch.set_num_threads(cfg.sft.num_threads)
+        if starts_from_checkpoint(cfg):   # before the corpus is built: a wrong path fails at once
+            check_model_path(cfg)
         manifests = resolve_manifests(cfg.data, self.output_root)
-        self.train_set = AsrDataset(manifests.train, cfg.data)
+        self.train_set = AsrDataset(manifests.train, cfg.data, split="train")
         self.eval_sets = evaluation_sets(manifests, cfg.data)   # dev (+ held-out voices)
         self.dev_set = self.eval_sets["dev"]
         if starts_from_checkpoint(cfg):   # fine-tune a checkpoint, tokenizer included
-            problem = checkpoint_problem(cfg.model.path)
-            if problem is not None:
-                raise FileNotFoundError(f"model.path={cfg.model.path}: {problem}")
             self.model, self.processor = load_model(cfg.model.path, cfg.model.dtype)
         else:
             utts = self.train_set.utterances
@@ -226,8 +233,8 @@ def run_sft(cfg: RunConfig | DictConfig) -> dict:
     """Full SFT stage; returns the summary (dev metrics, timings, checkpoint path)."""
     recipe = SFTRecipe(cfg)
     t0 = time.monotonic()
+    recipe.setup()   # data and model checked before the MLflow run opens: a bad input leaves no FAILED run
     with MlflowRun(cfg.logger, run_name="sft", config=cfg, tags={"stage": "sft"}) as tracker:
-        recipe.setup()
         tracker.log_metrics({k: float(v) for k, v in recipe.counts.as_dict().items()}, step=0)
         timings = recipe.train(tracker)
         dev = recipe.evaluate()

@@ -25,7 +25,7 @@ from asr_grpo.models import (
     is_complete_checkpoint,
     save_hf_checkpoint,
 )
-from asr_grpo.recipes.sft import is_sft_output, run_sft
+from asr_grpo.recipes.sft import check_model_path, is_sft_output, run_sft
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def build_fresh_weights(cfg) -> Path:
     if is_complete_checkpoint(path):
         return path
     manifests = resolve_manifests(cfg.data, cfg.paths.output_root)
-    utts = AsrDataset(manifests.train, cfg.data).utterances
+    utts = AsrDataset(manifests.train, cfg.data, split="train").utterances
     model, processor = fresh_model(cfg.model, [u.text for u in utts], seed=cfg.seed,
                                    languages=[u.language for u in utts])
     log.info("model.init=random: fresh weights saved to %s", path)
@@ -68,17 +68,23 @@ def other_training_data_problem(cfg, metadata: dict) -> str | None:
             f"`python -m asr_grpo.sft`")
 
 
+def check_start_checkpoint(cfg) -> None:
+    """A ConfigError when the run cannot start from `model.path` and will not build it
+    (only SFT's own output folder is built, and `model.init=random`'s weights): cheap, so
+    the run checks it before it builds or reads anything."""
+    if cfg.model.init == "pretrained" and not is_sft_output(cfg):
+        check_model_path(cfg)
+
+
 def prepare_start_checkpoint(cfg) -> str:
     """The folder (or hub id) the policy, reference and critic load."""
     if cfg.model.init == "random":
         return str(build_fresh_weights(cfg))
-    problem = checkpoint_problem(cfg.model.path)
-    if problem is None:
+    check_start_checkpoint(cfg)
+    if checkpoint_problem(cfg.model.path) is None:
         if is_sft_output(cfg) and (mismatch := other_training_data_problem(cfg, checkpoint_metadata(cfg.model.path))):
             log.warning(mismatch)
         return str(cfg.model.path)
-    if not is_sft_output(cfg):
-        raise FileNotFoundError(f"model.path={cfg.model.path!r}: {problem}")
     log.info("no SFT checkpoint at %s: building the corpus and running SFT first", cfg.model.path)
     run_sft(cfg)   # model.path is SFT's own output folder: it starts from fresh weights
     return str(cfg.model.path)

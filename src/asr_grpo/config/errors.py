@@ -1,0 +1,24 @@
+"""Errors the user causes and fixes (a bad key, manifest, audio file or model folder).
+The commands end on one with a single line that names the problem and no traceback,
+which `HYDRA_FULL_ERROR=1` brings back, as it does for Hydra's own errors."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class ConfigError(ValueError):
+    """What the user gave cannot work; the message names the key or file and why."""
+
+
+@contextmanager
+def one_line_errors(program: str) -> Iterator[None]:
+    """A ConfigError raised inside ends the process: `<program>: <message>` on stderr,
+    exit status 1."""
+    try:
+        yield
+    except ConfigError as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        raise SystemExit(f"{program}: {e}") from None
