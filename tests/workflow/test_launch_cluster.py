@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from asr_grpo.tracking.selection import select_runs
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]   # the session fixture brings up a cluster and a sweep
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(1800)]   # the session fixture brings up a cluster and a sweep
 
 
 def test_two_nodes_joined_on_the_loopback_only(cluster_sweep):
