@@ -10,11 +10,11 @@ class RayFeedInbox:
     """`put` / `take` as `FeedInbox`, on an actor this object holds a handle to; it
     pickles, so it travels to the hosts inside a `FeedSink`."""
 
-    def __init__(self, handle=None) -> None:
+    def __init__(self) -> None:
         import ray
 
         # No CPU reserved: it only holds lists, and must start on a full node.
-        self.handle = handle if handle is not None else ray.remote(FeedInbox).options(num_cpus=0).remote()
+        self.handle = ray.remote(FeedInbox).options(num_cpus=0).remote()
 
     def put(self, results: list[SequenceResult]) -> None:
         self.handle.put.remote(results)   # fire and forget: the decode goes on

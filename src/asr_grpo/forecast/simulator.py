@@ -10,9 +10,10 @@ After the rollout (the virtual now, when the last decode call ended):
   4. a reward service (`remote_per_seq_s`): one slot drains the sequences at r seconds
      each (`service_drain`); under intra/oppo each is sent as it finishes (the
      scheduler's feed, as the recipe wires it: at its last token plus the feed's
-     period, half waiting for the host's push and half for the driver's take), otherwise all at once after the decode (after the LM reward model's
-     scores, which such a reward takes); the wait left when they are sent is added to
-     the step's scoring;
+     period, half waiting for the host's push and half for the driver's take),
+     otherwise all at once after the decode (after the LM reward model's scores, which
+     such a reward takes); the wait left when they are sent is added to the step's
+     scoring;
   5. training starts when every score is in: actor and critic at once, taking turns
      where they share GPUs; then the weight sync, then the driver's fixed work.
 Work on one device group runs one job at a time, in the order it was sent.
