@@ -46,6 +46,7 @@ LengthsKind = _choice("LengthsKind", "lognormal histogram")
 RewardTrend = _choice("RewardTrend", "rising flat")
 RunDevice = _choice("RunDevice", "auto cpu gpu")
 ModelInit = _choice("ModelInit", "pretrained random")
+SFTProfile = _choice("SFTProfile", "scratch finetune")
 
 
 @dataclass
@@ -179,6 +180,9 @@ class WaveAugmentConfig:
 
 @dataclass
 class SFTConfig:
+    # scratch (sft=default): the recipe for fresh weights (CTC warm-up, high LR, trainable
+    # encoder, perturbation); finetune (sft=finetune): for a trained start (docs/configuration.md).
+    profile: SFTProfile = SFTProfile.scratch
     output_dir: str = "${paths.output_root}/checkpoints/sft-tiny"
     max_minutes: float = 19.0         # wall-clock cap; the LR schedule follows max_steps
     max_steps: int = 2400
@@ -201,6 +205,7 @@ class SFTConfig:
     # other tokens of the batch (labels unchanged): with its own history unreliable, the
     # decoder has to take more of each token from the audio than from its language model.
     input_token_dropout: float = 0.0
+    train_audio_encoder: bool = True   # false: the encoder frozen (adapter and LM train)
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     wave_augment: WaveAugmentConfig = field(default_factory=WaveAugmentConfig)
     shortest_first_epoch: bool = True   # SortaGrad: the first epoch in increasing length

@@ -101,6 +101,7 @@ def config_problems(cfg: Any) -> list[str]:
              f"number of prompt groups")
     for group in ("sft", "trainer"):
         _check_wave_augment(cfg[group].wave_augment, f"{group}.wave_augment", need)
+    _check_sft_warmup(cfg.sft, need)
     if (problem := reward_file_problem(cfg.reward)) is not None:
         problems.append(problem)
     _check_remote_reward(cfg.reward, need)
@@ -191,6 +192,18 @@ def reward_file_problem(reward: Any) -> str | None:
     except RewardFunctionError as exc:
         return "reward.reward_file: " + " ".join(str(exc).split())   # one line, like every problem
     return None
+
+
+def _check_sft_warmup(sft: Any, need) -> None:
+    """A CTC warm-up trains encoder and adapter through a fresh CTC head before the LM
+    trains at all: it must end before the run does, and has no place in fine-tuning."""
+    warmup = sft.ctc_warmup_steps
+    need(warmup < sft.max_steps or warmup == 0,
+         f"sft.ctc_warmup_steps={warmup} is not below sft.max_steps={sft.max_steps}: the run would end inside "
+         f"its CTC warm-up and the language model would never train (0: no warm-up)")
+    if str(sft.profile) == "finetune":
+        need(warmup == 0, f"sft.ctc_warmup_steps={warmup} with sft=finetune: a CTC warm-up through a fresh CTC "
+                          f"head retrains the audio path of a trained model; set sft.ctc_warmup_steps=0")
 
 
 def _check_wave_augment(wa: Any, key: str, need) -> None:

@@ -25,7 +25,8 @@ from asr_grpo.models import (
     is_complete_checkpoint,
     save_hf_checkpoint,
 )
-from asr_grpo.recipes.sft import check_model_path, is_sft_output, run_sft
+from asr_grpo.recipes.sft import run_sft
+from asr_grpo.recipes.sft_start import check_model_path, is_sft_output
 
 log = logging.getLogger(__name__)
 
