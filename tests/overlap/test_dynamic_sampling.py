@@ -5,6 +5,9 @@ overlap mode: no such group trains or is carried, each one dropped is replaced b
 one more admission within the bound, and the counters say so."""
 from __future__ import annotations
 
+import random
+import time
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -12,9 +15,11 @@ from scripted_rollout import B, N, ScriptedHost, prompts
 
 from asr_grpo.algorithms.group_spread import flat_groups
 from asr_grpo.config.schema import OverlapConfig
+from asr_grpo.overlap import planners
 from asr_grpo.overlap.dynamic_sampling import DynamicSampling
 from asr_grpo.overlap.local_group import LocalGroup
 from asr_grpo.overlap.scheduler import RolloutScheduler
+from asr_grpo.overlap.step_times import StepTimes
 
 MODES = {"none": {}, "intra": {"chunk_size": 2}, "inter": {"delta_init": 2}, "oppo": {"chunk_size": 2, "delta_init": 2}}
 
@@ -55,13 +60,15 @@ class FrozenScorer:
         return {u: torch.zeros(1) for u in finish}
 
 
-def scheduler(mode: str, bound: int = 100, group_multiple: int = 1, hosts: int = 1):
-    cfg = OmegaConf.structured(OverlapConfig(mode=mode, controller="fixed", **MODES[mode]))
+def scheduler(mode: str, bound: int = 100, group_multiple: int = 1, hosts: int = 1, recorded=None):
+    cfg = OmegaConf.structured(OverlapConfig(mode=mode, controller="fixed", replay_plan="run1" if recorded else "",
+                                             **MODES[mode]))
     judge, new_groups = RewardJudge(), prompts()
     sampling = DynamicSampling(judge, new_groups, bound, group_multiple=group_multiple)
     scorers = {"ref": LocalGroup([FrozenScorer()])} if mode in ("intra", "oppo") else None
     sched = RolloutScheduler(cfg, B, LocalGroup([ScriptedHost() for _ in range(hosts)]), scorers,
-                             resolve=lambda x: x, frozen_scorers=("ref",), dynamic_sampling=sampling)
+                             resolve=lambda x: x, frozen_scorers=("ref",), dynamic_sampling=sampling,
+                             recorded_plans=recorded)
     return sched, judge, new_groups
 
 
@@ -178,3 +185,30 @@ def test_the_judged_flag_survives_a_checkpoint():
     again.load_state_dict(state, lambda saved: by_uid[saved["uid"]])
     assert [e.judged for e in again.buffer] == [e.judged for e in sched.buffer]
     assert again.counts == sched.counts
+
+
+class ClockPlanner(planners.FixedPlanner):
+    """Δ and chunk drawn from the wall clock: only the run's plan record can repeat them."""
+
+    def plan(self, step: int) -> planners.StepPlan:
+        rng = random.Random(time.perf_counter_ns())
+        return planners.StepPlan(rng.choice([None, 2, 5]), rng.randint(0, 3))
+
+
+def test_a_replayed_run_admits_the_same_replacements_and_trains_the_same_groups():
+    def go(sched, new_groups, planner=None):
+        sched.planner = planner or sched.planner
+        record, trained = {}, []
+        for step in range(6):
+            out = sched.rollout(step, new_groups(sched.groups_wanted(step), step))
+            sched.end_step(step, StepTimes(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, float("nan")))   # the replay checks here
+            record[step] = planners.plan_record(step, out.plan, out.admitted)
+            trained.append([g.uid for g in out.groups])
+        return record, trained
+
+    sched, judge, new_groups = scheduler("oppo")
+    record, trained = go(sched, new_groups, ClockPlanner(None, 0))
+    assert judge.flat and len({r["delta"] for r in record.values()}) > 1   # drops, and plans that varied
+    again, judge_again, groups_again = scheduler("oppo", recorded=record)
+    assert go(again, groups_again) == (record, trained)
+    assert judge_again.flat == judge.flat
