@@ -257,6 +257,17 @@ def trained_per_group(n: int, m: int | None) -> int:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling: a finished prompt group whose rewards are all equal
+    (a zero advantage for every sample under a group baseline) does not count toward the
+    step's B groups; the scheduler admits another prompt group in its place."""
+    enabled: bool = False
+    # The most replacement groups a step may draw; past it the step trains the groups
+    # that spread (fewer than B). 8: one more batch at trainer.prompts_per_step=8.
+    max_extra_groups: int = 8
+
+
+@dataclass
 class AlgorithmConfig:
     name: AlgorithmName = AlgorithmName.grpo
     advantage_estimator: str = "rloo"   # algorithms/advantages.py: ADVANTAGE_ESTIMATORS
@@ -289,6 +300,7 @@ class AlgorithmConfig:
     # truncated importance weights pi_old / pi_behaviour, capped at stale_is_clip.
     stale_is_correction: bool = False
     stale_is_clip: float = 2.0
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
 
 @dataclass

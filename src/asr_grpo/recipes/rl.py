@@ -36,6 +36,7 @@ from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.experience.sync_check import check_sequences, check_weight_sync
 from asr_grpo.models import load_processor
 from asr_grpo.models import step_checkpoints as ckpt
+from asr_grpo.overlap.dynamic_sampling import DynamicSampling
 from asr_grpo.overlap.planners import MODES, plan_record
 from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
 from asr_grpo.overlap.step_times import StepTimes
@@ -68,7 +69,7 @@ def optimizer_steps_per_rl_step(cfg) -> int:
 class TrainedStep:
     """One finished RL step, as the recipe's step callbacks see it."""
     step: int
-    rollout: StepRollout            # the B groups trained on: samples, streamed scores, admitted uids
+    rollout: StepRollout            # the groups trained on (B; fewer where dynamic sampling hit its bound)
     items: list                     # the ExperienceItems the update used (dropped groups left out)
     metrics: dict[str, float]       # what the step logs
 
@@ -161,10 +162,19 @@ class RLRecipe:
                                           frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg),
                                           on_finished=self.maker.submit_finished if feeds else None,
                                           recorded_plans=recorded_plans, wait=ray_calls_ended,
-                                          feed=self.feed)
+                                          feed=self.feed, dynamic_sampling=self._dynamic_sampling())
         self.placement = {g.role: g.placement_report() for g in self.groups}
         self._pids = {g.role: g.pids() for g in self.groups if g.restartable}
         self.restarts = {role: 0 for role in self._pids}
+
+    def _dynamic_sampling(self) -> DynamicSampling | None:
+        """algorithm.dynamic_sampling: the scheduler asks the experience maker which finished
+        groups have equal rewards and draws their replacements from the prompt sampler."""
+        ds = self.cfg.algorithm.dynamic_sampling
+        if not ds.enabled:
+            return None
+        return DynamicSampling(self.maker.judge_groups, self._new_groups, ds.max_extra_groups,
+                               group_multiple=self.cfg.placement.actor_num_ranks)
 
     # ---- weight sync (separate HF rollout workers, vLLM engines) ----------------------------
     def _join_weight_sync(self) -> None:
