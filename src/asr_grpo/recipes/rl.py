@@ -76,8 +76,9 @@ class TrainedStep:
 
 class RLRecipe:
     def __init__(self, cfg: RunConfig | DictConfig, run_name: str = "rl", tags: dict | None = None,
-                 step_callbacks: list[Callable[[TrainedStep], None]] | None = None):
+                 step_callbacks: list[Callable[[TrainedStep], None]] | None = None, overrides: str = ""):
         self.cfg, self.run_name = cfg, run_name
+        self.overrides = overrides   # the command line's, logged as a param (the run name is short)
         self.tags = dict(tags or {})   # extra MLflow tags (a sweep job's sweep and parent run)
         # Called after every step with what it trained on (inspection, custom logging).
         self.step_callbacks = list(step_callbacks or [])
@@ -398,7 +399,7 @@ class RLRecipe:
                              "algorithm": cfg.algorithm.name, **self.tags}) as tracker:
             if not resumed:
                 tracker.log_summary(self.placement, "placement.json")
-                tracker.log_params(placement_params(self.placement))
+                tracker.log_params({**placement_params(self.placement), "overrides": self.overrides})
                 first = self.evaluate()
                 tracker.log_metrics({f"eval/{k}": v for k, v in first.items()}, step=0)
                 summary["eval_before"] = first
@@ -406,13 +407,14 @@ class RLRecipe:
             bar = tqdm(range(start, cfg.trainer.steps), desc="rl", dynamic_ncols=True,
                        initial=start, total=cfg.trainer.steps)
             last_eval: dict[str, float] = {}
+            shown = summary.get("eval_before", {})   # the bar's CER: the last evaluated, or none yet
             for step in bar:
                 with self._trainer_deaths_end_the_run(step):
                     metrics = self.train_step(step)
                     done = step + 1
                     last = done == cfg.trainer.steps or out_of_time(cfg.trainer.max_minutes, t_start)
                     if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or last):
-                        last_eval = self.evaluate()
+                        last_eval = shown = self.evaluate()
                         metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
                         # An evaluation that used up the budget is the run's last: another step
                         # would end in a second evaluation of nearly the same weights.
@@ -424,7 +426,7 @@ class RLRecipe:
                         self.save(done, tracker.run_id)
                         tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
                 bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}",
-                                cer=f"{last_eval.get('cer', float('nan')):.3f}",
+                                **({"cer": f"{shown['cer']:.3f}"} if "cer" in shown else {}),
                                 step_s=f"{metrics['perf/time/step']:.1f}")
                 self.step = done
                 if last:
@@ -477,5 +479,5 @@ def placement_params(report: dict) -> dict[str, str]:
 
 
 def run_rl(cfg: RunConfig | DictConfig, run_name: str = "rl", tags: dict | None = None,
-           step_callbacks: list[Callable[[TrainedStep], None]] | None = None) -> dict:
-    return run_recipe(RLRecipe(cfg, run_name, tags, step_callbacks))
+           step_callbacks: list[Callable[[TrainedStep], None]] | None = None, overrides: str = "") -> dict:
+    return run_recipe(RLRecipe(cfg, run_name, tags, step_callbacks, overrides))
