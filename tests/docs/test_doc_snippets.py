@@ -56,3 +56,43 @@ def test_the_registered_model_snippet_transcribes_and_leaves_no_stray_store(tmp_
     transcripts = eval(printed.strip())   # the snippet prints the list predict returns
     assert isinstance(transcripts, list) and len(transcripts) == 1 and isinstance(transcripts[0], str)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("mlflow")) == []
+
+
+def test_the_checkpoint_building_commands_write_what_plain_transformers_loads(tmp_path, monkeypatch):
+    """docs/own-model-and-data.md, "A checkpoint without a hub": its shell lines (all but
+    the published sizes', minutes of CPU) in a fresh folder, then its Python block."""
+    import shlex
+    import subprocess
+    import sys
+
+    block = re.search(r"```bash\n(printf .*?)```", (DOCS / "own-model-and-data.md").read_text(), re.S).group(1)
+    lines = [line for line in block.splitlines() if "qwen3_asr_" not in line]
+    assert any(line.startswith("python -m asr_grpo.init_checkpoint") for line in lines)
+    for line in lines:
+        if line.startswith("python "):
+            line = f"{shlex.quote(sys.executable)} {line[len('python '):]}"
+        subprocess.run(line, shell=True, check=True, cwd=tmp_path, timeout=300, capture_output=True)
+    monkeypatch.chdir(tmp_path)
+    params, vocab = map(int, run_snippet(python_block("own-model-and-data.md", "from_pretrained")).split())
+    assert params > 1_000_000 and 0 < vocab <= 300
+
+
+def test_a_given_tokenizer_is_used_as_it_is_and_one_lacking_the_chat_tokens_is_refused(tmp_path, monkeypatch,
+                                                                                      tiny_processor):
+    import pytest
+    from helpers import call_main
+
+    from asr_grpo.models import load_processor
+
+    given = tmp_path / "given"
+    tiny_processor.tokenizer.save_pretrained(given)
+    call_main("asr_grpo.init_checkpoint", [f"tokenizer={given}", f"output_dir={tmp_path / 'ckpt'}"], monkeypatch)
+    assert load_processor(str(tmp_path / "ckpt")).tokenizer.get_vocab() == tiny_processor.tokenizer.get_vocab()
+
+    bare = tmp_path / "bare"
+    tokenizer = tiny_processor.tokenizer.__class__.from_pretrained(given)
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(bare)
+    with pytest.raises(SystemExit) as exited:
+        call_main("asr_grpo.init_checkpoint", [f"tokenizer={bare}", f"output_dir={tmp_path / 'no'}"], monkeypatch)
+    assert f"tokenizer={bare}: lacks a chat template" in exited.value.code and not (tmp_path / "no").exists()

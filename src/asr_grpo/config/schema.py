@@ -481,6 +481,25 @@ class RunConfig:
 
 
 @dataclass
+class InitConfig:
+    """`python -m asr_grpo.init_checkpoint` (conf/init.yaml): a Qwen3-ASR checkpoint of the
+    model group's architecture with fresh weights, its tokenizer and processor, written
+    without a model hub; `from_pretrained` loads it and SFT (sft=default) starts from it."""
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    data: DataConfig = field(default_factory=DataConfig)   # the corpus whose text trains the tokenizer
+    model: ModelConfig = field(default_factory=ModelConfig)
+    output_dir: str = "${paths.output_root}/checkpoints/init"
+    # A folder holding a Qwen3-ASR tokenizer to use as it is (its audio and chat tokens
+    # checked); "": train one (model.tokenizer_vocab_size) on `text`.
+    tokenizer: str = ""
+    # Text files (one utterance a line) or JSONL manifests (their `text`) to train the
+    # tokenizer on; empty: the training split of `data` (the demo corpus, built if needed).
+    text: list[str] = field(default_factory=list)
+    languages: list[str] = field(default_factory=lambda: ["en", "zh"])   # of plain text files
+    seed: int = 0
+
+
+@dataclass
 class CompareConfig:
     """`python -m asr_grpo.compare` (conf/compare.yaml): the speedup report over MLflow runs.
     Pick runs by `run_ids`, or `sweep` (a sweep tag, "latest" = the newest), or
