@@ -1,0 +1,41 @@
+"""The sequence-level objectives through the training loss every worker runs
+(`experience.losses.actor_loss`): MWER is handed each sample's group, GSPO's ratio is
+the sequence's."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from helpers import on_policy_items
+
+from asr_grpo.config.schema import AlgorithmConfig
+from asr_grpo.experience.losses import actor_loss, group_index
+
+
+def test_group_index_numbers_groups_in_order_of_first_appearance(tiny_model, tiny_processor, tiny_tokenizer):
+    items, _ = on_policy_items(tiny_model, tiny_processor, tiny_tokenizer, [0.5, -1.0])
+    other = [dataclasses.replace(it, uid=f"y#{i}", group="y") for i, it in enumerate(items)]
+    mixed = [other[0], items[0], other[1], items[1]]
+    assert group_index(mixed, torch.device("cpu")).tolist() == [0, 1, 0, 1]
+
+
+def test_mwer_through_actor_loss_is_the_renormalised_expected_relative_error(tiny_model, tiny_processor,
+                                                                             tiny_tokenizer):
+    items, logp = on_policy_items(tiny_model, tiny_processor, tiny_tokenizer, [0.3, -0.3])
+    algo = AlgorithmConfig(policy_loss="mwer", advantage_estimator="dr_grpo", kl_coef=0.0, temperature=1.0)
+    loss, metrics = actor_loss(tiny_model, items, algo, tiny_tokenizer.pad_token_id)
+    p = torch.softmax(torch.stack([logp[0, :3].sum(), logp[1, :2].sum()]), 0)
+    # err_i - mean err is minus the advantage: -0.3 and +0.3.
+    assert float(loss.detach()) == pytest.approx(float(p[0] * -0.3 + p[1] * 0.3), abs=1e-5)
+    assert float(metrics["policy/mwer_p_max"]) == pytest.approx(float(p.max()), abs=1e-5)
+
+
+def test_gspo_through_actor_loss_on_policy_is_minus_the_mean_sequence_advantage(tiny_model, tiny_processor,
+                                                                               tiny_tokenizer):
+    items, _ = on_policy_items(tiny_model, tiny_processor, tiny_tokenizer, [0.5, -1.0])
+    algo = AlgorithmConfig(policy_loss="gspo", kl_coef=0.0, temperature=1.0)
+    loss, metrics = actor_loss(tiny_model, items, algo, tiny_tokenizer.pad_token_id)
+    # Ratio 1 for both sequences, each weighs the same whatever its length (3 and 2 tokens).
+    assert float(loss.detach()) == pytest.approx(-(0.5 - 1.0) / 2, abs=1e-5)
+    assert float(metrics["policy/ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
