@@ -1,6 +1,6 @@
 """The sequence-level objectives through the training loss every worker runs
 (`experience.losses.actor_loss`): MWER is handed each sample's group, GSPO's ratio is
-the sequence's."""
+the sequence's; the experience's advantages read the score the config names."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +9,11 @@ import pytest
 import torch
 from helpers import on_policy_items
 
+from asr_grpo.config.errors import ConfigError
 from asr_grpo.config.schema import AlgorithmConfig
 from asr_grpo.experience.losses import actor_loss, group_index
+from asr_grpo.experience.maker import training_scores
+from asr_grpo.rewards.combine import RewardResult
 
 
 def test_group_index_numbers_groups_in_order_of_first_appearance(tiny_model, tiny_processor, tiny_tokenizer):
@@ -39,3 +42,12 @@ def test_gspo_through_actor_loss_on_policy_is_minus_the_mean_sequence_advantage(
     # Ratio 1 for both sequences, each weighs the same whatever its length (3 and 2 tokens).
     assert float(loss.detach()) == pytest.approx(-(0.5 - 1.0) / 2, abs=1e-5)
     assert float(metrics["policy/ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_the_advantages_read_the_score_component_the_config_names():
+    reward = RewardResult(total=torch.tensor([0.9, 0.1]), components={"cer": torch.tensor([0.2, 0.7])})
+    assert training_scores(reward, None) is reward.total
+    assert training_scores(reward, "cer").tolist() == pytest.approx([0.2, 0.7])
+    with pytest.raises(ConfigError, match="algorithm.score_component=wer: the reward reported no such "
+                                          "component \\(it reported: cer\\)"):
+        training_scores(reward, "wer")
