@@ -32,13 +32,13 @@ def advantages_from_errors(err, mask, n):
     return adv
 
 
-def reference_mwer(logp, mask, err, groups):
-    """mean over groups of sum_i softmax_i(sum_t logp_it) * (err_i - mean_j err_j)."""
+def reference_mwer(logp, mask, err, groups, scale=1.0):
+    """mean over groups of sum_i softmax_i(scale * sum_t logp_it) * (err_i - mean_j err_j)."""
     per_group = []
     for gid in sorted(set(groups.tolist())):
         members = [i for i in range(len(groups)) if groups[i] == gid]
         seq_logp = torch.stack([sum(logp[i, t] for t in range(mask.shape[1]) if mask[i, t]) for i in members])
-        p = torch.softmax(seq_logp, dim=0)
+        p = torch.softmax(scale * seq_logp, dim=0)
         errors = [float(err[i]) for i in members]
         mean_err = sum(errors) / len(errors)
         per_group.append(sum(p[k] * (errors[k] - mean_err) for k in range(len(members))))
@@ -53,6 +53,19 @@ def test_mwer_matches_the_reference_in_value_and_gradient(seed):
     close(loss, ref)
     close(torch.autograd.grad(loss, logp)[0], torch.autograd.grad(ref, logp)[0])
     assert 0.25 <= float(metrics["mwer_p_max"]) <= 1.0
+
+
+def test_a_logp_scale_below_one_flattens_the_hypotheses_distribution():
+    logp, mask, err, groups = sampled_groups(7)
+    adv = advantages_from_errors(err, mask, 4)
+    loss, flat = mwer_loss(logp, adv, mask, groups, logp_scale=0.1)
+    ref = reference_mwer(logp, mask, err, groups, scale=0.1)
+    close(loss, ref)
+    close(torch.autograd.grad(loss, logp)[0], torch.autograd.grad(ref, logp)[0])
+    _, sharp = mwer_loss(logp.detach(), adv, mask, groups)
+    assert float(flat["mwer_p_max"]) < float(sharp["mwer_p_max"])
+    algo = AlgorithmConfig(mwer_logp_scale=0.1)
+    close(POLICY_LOSSES.get("mwer")(logp, logp.detach(), adv, mask, algo, groups=groups)[0], ref)
 
 
 def test_the_gradient_is_p_times_error_minus_the_expected_error_on_every_real_token():

@@ -181,6 +181,7 @@ def test_group_file_with_unknown_key_is_rejected(tmp_path):
     (["algorithm=mwer", "algorithm.stale_is_correction=true"],
      "algorithm.policy_loss=mwer takes no importance weights: set algorithm.stale_is_correction=false"),
     (["algorithm.gspo_eps_clip_low=0"], "algorithm.gspo_eps_clip_low=0.0 / gspo_eps_clip_high=0.0004: must be > 0"),
+    (["algorithm=mwer", "algorithm.mwer_logp_scale=0"], "algorithm.mwer_logp_scale=0.0: must be > 0"),
     (["sft.wave_augment.speed_prob=1.5"], "sft.wave_augment.speed_prob=1.5: must be in [0, 1]"),
     (["sft.wave_augment.speed_min=1.2", "sft.wave_augment.speed_max=1.1"], "speed_min=1.2, speed_max=1.1"),
     (["sft.wave_augment.babble_talkers=0"], "sft.wave_augment.babble_talkers=0"),

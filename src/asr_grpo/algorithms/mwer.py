@@ -7,8 +7,13 @@ A group's n samples stand in for the N-best list. Their probabilities under the 
 policy, renormalised over the group, weigh each one's error against the group's mean:
 
     P_i = sum_t logp_it                      (the sequence's log-probability)
-    p_i = exp(P_i) / sum_{j in group} exp(P_j)
+    p_i = exp(a P_i) / sum_{j in group} exp(a P_j)
     L   = mean over groups of  sum_i p_i (err_i - mean_j err_j)
+
+``a`` = ``algorithm.mwer_logp_scale``, 1 in the textbook objective. Sampled hypotheses'
+log-probabilities differ by several nats, so at 1 one hypothesis can take nearly all of
+p, and with it the gradient ``a p_i (err_i - E_p[err])`` vanishes; a < 1 flattens p (the
+posterior scaling of sequence-discriminative training).
 
 The mean error is the baseline: it leaves the gradient ``p_i (err_i - E_p[err])``
 unchanged (the p_i sum to 1) and keeps the loss near 0. ``err_i - mean_j err_j`` arrives
@@ -48,14 +53,14 @@ def group_softmax(scores: torch.Tensor, groups: torch.Tensor, valid: torch.Tenso
 
 
 def mwer_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor,
-              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              logp_scale: float = 1.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``L`` above over the groups present (``groups``: each row's group id, [B]);
     ``advantages`` ([B, T]) hold ``mean_j err_j - err_i`` on every real token. Rows without
     tokens take no part. Metrics: ``mwer_p_max`` (the mean over groups of the largest
     p_i: 1/n is uniform, 1 is one hypothesis taking all) and ``seq_logp_mean``."""
     valid = mask.sum(-1) > 0
     seq_logp = (logp * mask.to(logp.dtype)).sum(-1)
-    p = group_softmax(seq_logp, groups, valid)
+    p = group_softmax(logp_scale * seq_logp, groups, valid)
     relative_error = -masked_mean(advantages, mask, dim=-1)
     present = torch.zeros(int(groups.max()) + 1 if groups.numel() else 0, dtype=torch.bool,
                           device=groups.device).index_fill(0, groups[valid], True)
@@ -73,12 +78,12 @@ def mwer_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, 
 def mwer_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                      algo: AlgorithmConfig, importance_weights: Optional[torch.Tensor] = None,
                      groups: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``mwer_loss`` over the micro-batch's groups, and how far the weights moved from the
-    sampler's (``approx_kl``, not used by the loss)."""
+    """``mwer_loss`` over the micro-batch's groups with ``algo.mwer_logp_scale``, and how far
+    the weights moved from the sampler's (``approx_kl``, not used by the loss)."""
     if groups is None:
         raise ValueError("policy_loss=mwer needs each sample's group (`groups`)")
     if importance_weights is not None:
         raise ValueError("policy_loss=mwer takes no importance weights (algorithm.stale_is_correction=false)")
-    loss, metrics = mwer_loss(logp, advantages, mask, groups)
+    loss, metrics = mwer_loss(logp, advantages, mask, groups, algo.mwer_logp_scale)
     metrics["approx_kl"] = approx_kl(logp, old_logp, mask)
     return loss, metrics

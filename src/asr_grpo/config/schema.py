@@ -289,6 +289,9 @@ class AlgorithmConfig:
     # ratio moves far less than a token's, so its range is ~1000x smaller (the paper's values).
     gspo_eps_clip_low: float = 3e-4
     gspo_eps_clip_high: float = 4e-4
+    # policy_loss=mwer: p_i = softmax over the group of this x the sequence log-prob (1: the
+    # textbook MWER; < 1 flattens a distribution one hypothesis would otherwise take whole).
+    mwer_logp_scale: float = 1.0
     # seq_mean_token_sum_norm divides by the constant max_new_tokens (Dr. GRPO).
     loss_agg: LossAgg = LossAgg.token_mean
     entropy_coef: float = 0.0

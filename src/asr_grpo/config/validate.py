@@ -193,6 +193,7 @@ def _check_policy_loss(algo: Any, tr: Any, need) -> None:
     need(algo.gspo_eps_clip_low > 0 and algo.gspo_eps_clip_high > 0,
          f"algorithm.gspo_eps_clip_low={algo.gspo_eps_clip_low} / gspo_eps_clip_high={algo.gspo_eps_clip_high}: "
          "must be > 0")
+    need(algo.mwer_logp_scale > 0, f"algorithm.mwer_logp_scale={algo.mwer_logp_scale}: must be > 0")
     if name not in POLICY_LOSSES:
         return   # choice_problems said so
     needs = policy_loss_needs(POLICY_LOSSES.get(name))
