@@ -1,6 +1,7 @@
 """The sequence-level objectives through the training loss every worker runs
 (`experience.losses.actor_loss`): MWER is handed each sample's group, GSPO's ratio is
-the sequence's; the experience's advantages read the score the config names."""
+the sequence's; the experience's advantages, and dynamic sampling, read the score the config
+names."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,10 +11,12 @@ import torch
 from helpers import on_policy_items
 
 from asr_grpo.config.errors import ConfigError
-from asr_grpo.config.schema import AlgorithmConfig
+from asr_grpo.config.schema import AlgorithmConfig, RunConfig
 from asr_grpo.experience.losses import actor_loss, group_index
-from asr_grpo.experience.maker import training_scores
+from asr_grpo.experience.maker import ExperienceMaker, training_scores
+from asr_grpo.experience.types import PromptGroup
 from asr_grpo.rewards.combine import RewardResult
+from asr_grpo.rollout.types import SequenceResult
 
 
 def test_group_index_numbers_groups_in_order_of_first_appearance(tiny_model, tiny_processor, tiny_tokenizer):
@@ -51,3 +54,19 @@ def test_the_advantages_read_the_score_component_the_config_names():
     with pytest.raises(ConfigError, match="algorithm.score_component=wer: the reward reported no such "
                                           "component \\(it reported: cer\\)"):
         training_scores(reward, "wer")
+
+
+@pytest.mark.parametrize("component,flat", [(None, set()), ("cer", {"a"})])
+def test_dynamic_sampling_judges_the_spread_of_the_score_the_advantages_read(component, flat):
+    """Group a's totals spread but its CER does not: under MWER (score_component=cer) it
+    teaches nothing and is the one dropped; on the reward's total neither is."""
+    groups = [PromptGroup(uid=g, utterance={"language": "en"}, prompt_ids=[1], features=None, n=2, entered_step=0)
+              for g in ("a", "b")]
+    results = {g.uid: [SequenceResult(f"{g.uid}#{k}", g.uid, [5], [-1.0], [0], "stop") for k in range(2)]
+               for g in groups}
+    maker = ExperienceMaker(RunConfig(algorithm=AlgorithmConfig(score_component=component)), None,
+                            None, None, None, None)
+    reward = RewardResult(total=torch.tensor([0.9, 0.8, 0.5, 0.4]),
+                          components={"cer": torch.tensor([0.7, 0.7, 0.2, 0.6])})
+    maker._score_rewards = lambda *args: reward
+    assert maker.judge_groups(groups, results) == flat

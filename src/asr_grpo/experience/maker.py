@@ -233,7 +233,9 @@ class ExperienceMaker:
         seqs = [s for g in groups for s in results[g.uid]]
         reward = self._score_rewards(groups, seqs, sequence_refs(groups, seqs), {})
         bad = {s.group for s, k in zip(seqs, reward.keep.tolist()) if not k}
-        flat = flat_groups(reward.total, [s.group for s in seqs]) - bad
+        # Judged on what the advantages read: MWER's error, not the whole reward.
+        score = training_scores(reward, self.cfg.algorithm.score_component)
+        flat = flat_groups(score, [s.group for s in seqs]) - bad
         dropped = [i for i, s in enumerate(seqs) if s.group in flat]
         if dropped:
             language = {g.uid: g.utterance["language"] or "unknown" for g in groups}
