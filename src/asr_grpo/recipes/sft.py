@@ -28,9 +28,9 @@ from asr_grpo.models import (
     fresh_model,
     load_model,
     parameter_counts,
-    save_hf_checkpoint,
 )
 from asr_grpo.models.ctc import CTCHead
+from asr_grpo.models.lora import apply_lora, lora_enabled, save_model_checkpoint
 from asr_grpo.recipes.batching import length_grouped_batches
 from asr_grpo.tracking import MlflowRun
 
@@ -83,6 +83,22 @@ def check_model_path(cfg) -> None:
         raise ConfigError(f"model.path={cfg.model.path!r}: {problem}")
 
 
+def check_lora_start(cfg) -> None:
+    """LoRA adapts a trained model: SFT with `model.lora.rank` > 0 needs weights to start
+    from, and no CTC warm-up (it trains the audio side and a CTC head, not the adapters)."""
+    lora = cfg.model.lora
+    if not lora_enabled(lora):
+        return
+    if not starts_from_checkpoint(cfg) and cfg.model.init != "random":
+        raise ConfigError(f"model.lora.rank={lora.rank}: LoRA fine-tunes a trained model, and SFT has none to "
+                          "start from: give model.path=<checkpoint> (or model.lora.rank=0 to train from scratch; "
+                          "model.init=random for a systems benchmark)")
+    if cfg.sft.ctc_warmup_steps > 0:
+        raise ConfigError(f"model.lora.rank={lora.rank} with sft.ctc_warmup_steps={cfg.sft.ctc_warmup_steps}: the "
+                          "CTC warm-up trains the audio side from scratch, which LoRA keeps frozen; set "
+                          "sft.ctc_warmup_steps=0")
+
+
 class SFTRecipe:
     def __init__(self, cfg: RunConfig | DictConfig):
         self.cfg = cfg
@@ -93,6 +109,7 @@ class SFTRecipe:
         cfg = self.cfg
         seed_everything(cfg.sft.seed)
         torch.set_num_threads(cfg.sft.num_threads)
+        check_lora_start(cfg)
         if starts_from_checkpoint(cfg):   # before the corpus is built: a wrong path fails at once
             check_model_path(cfg)
         manifests = resolve_manifests(cfg.data, self.output_root)
@@ -106,6 +123,8 @@ class SFTRecipe:
             self.model, self.processor = fresh_model(cfg.model, [u.text for u in utts], seed=cfg.sft.seed,
                                                      languages=[u.language for u in utts])
         self.tokenizer = self.processor.tokenizer
+        # model.lora: adapters wrapped into the model in place, everything else frozen.
+        self.lora = apply_lora(self.model, cfg.model.lora)
         self.model.train()
         set_frontend_memory_format(self.model, torch.channels_last)
         self.counts = parameter_counts(self.model)
@@ -113,7 +132,8 @@ class SFTRecipe:
         needs_ctc = cfg.sft.ctc_weight > 0 or cfg.sft.ctc_warmup_steps > 0
         frame_dim = self.model.config.audio_config.output_dim   # the adapter's output: the LM's width
         self.ctc = CTCHead(frame_dim, len(self.tokenizer)) if needs_ctc else None
-        self.params = list(self.model.parameters()) + (list(self.ctc.parameters()) if self.ctc else [])
+        self.params = ([p for p in self.model.parameters() if p.requires_grad]
+                       + (list(self.ctc.parameters()) if self.ctc else []))
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
         self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             self.optimizer, num_warmup_steps=cfg.sft.warmup_steps, num_training_steps=cfg.sft.max_steps,
@@ -222,7 +242,8 @@ class SFTRecipe:
         # RL warns when its training manifest is no longer this one (e.g. a new corpus).
         meta["train_manifest_sha256"] = manifest_digest(self.train_set.manifest_path)
         set_frontend_memory_format(self.model, torch.contiguous_format)
-        path = save_hf_checkpoint(self.model, self.processor, self.cfg.sft.output_dir, meta)
+        # With LoRA: the merged weights (RL and from_pretrained load them) and the adapter.
+        path = save_model_checkpoint(self.model, self.processor, self.cfg.sft.output_dir, meta, peft_model=self.lora)
         for name, rows in self.last_eval_rows.items():   # dev_transcripts.jsonl, ...
             (path / f"{name}_transcripts.jsonl").write_text(
                 "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
