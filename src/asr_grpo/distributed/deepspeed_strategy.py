@@ -294,8 +294,22 @@ class TrainingEngine:
         RL step and data position). Not covered: RNG states and data-loader order, which
         the caller restores via `client_state` if it needs them.
         """
-        self.engine.save_checkpoint(directory, tag=tag, client_state=client_state or {},
-                                    exclude_frozen_parameters=not frozen)
+        with contextlib.nullcontext() if frozen else self._trainable_module_state():
+            self.engine.save_checkpoint(directory, tag=tag, client_state=client_state or {},
+                                        exclude_frozen_parameters=not frozen)
+
+    @contextlib.contextmanager
+    def _trainable_module_state(self) -> Iterator[None]:
+        """DeepSpeed's exclude_frozen_parameters drops frozen parameters by their name, so
+        a tied alias of one (lm_head = embed_tokens: a second name in the state dict) is
+        written anyway, the whole vocabulary matrix; keep the trainable tensors only."""
+        keep = {name for name, p in self.module.named_parameters() if p.requires_grad}
+        full = self.engine.module_state_dict
+        self.engine.module_state_dict = lambda *a, **kw: {k: v for k, v in full(*a, **kw).items() if k in keep}
+        try:
+            yield
+        finally:
+            del self.engine.module_state_dict   # the class's method again
 
     def load_checkpoint(self, directory: str, tag: Optional[str] = None, frozen: bool = True) -> dict:
         """Collective; restores everything `save_checkpoint` wrote and returns client_state
