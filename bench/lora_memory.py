@@ -57,7 +57,7 @@ def run_child(args: argparse.Namespace, phase: str, rank: int, root: str) -> dic
     """One (phase, mode) in its own process, its process tree's RSS sampled until it ends."""
     cmd = [sys.executable, __file__, "--child", phase, "--child-rank", str(rank), "--root", root,
            "--model", args.model, "--steps", str(args.steps), "--rl-steps", str(args.rl_steps),
-           "--batch", str(args.batch), "--phases", args.phases]
+           "--batch", str(args.batch), "--phases", args.phases, "--dtype", args.dtype]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
     peak, done = [0], threading.Event()
@@ -71,17 +71,19 @@ def run_child(args: argparse.Namespace, phase: str, rank: int, root: str) -> dic
     sampler.start()
     try:
         out, _ = proc.communicate(timeout=args.timeout)
+        error = None if proc.returncode == 0 else f"exit status {proc.returncode}"
     except subprocess.TimeoutExpired:
         for child in psutil.Process(proc.pid).children(recursive=True):
             child.kill()
         proc.kill()
-        proc.communicate()
-        out = ""
+        out, error = proc.communicate()[0], f"timed out after {args.timeout:.0f} s"
     done.set()
     sampler.join()
+    # The last line a child printed: its result, or (out of time) the steps it had done.
     lines = [line for line in out.splitlines() if line.startswith("{")]
-    result = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
-        "error": "timed out" if not out else f"exit status {proc.returncode}"}
+    result = json.loads(lines[-1]) if lines else {}
+    if error is not None:
+        result["error"] = error
     return {**result, "peak_rss_gb": round(peak[0] / 2**30, 2), "wall_s": round(time.monotonic() - t0, 1)}
 
 
@@ -100,17 +102,25 @@ def compose(config: str, overrides: list[str]):
 
 def common(args, rank: int) -> list[str]:
     return [f"model={args.model}", "model.init=random", "debug=fast", f"paths.output_root={args.root}",
-            f"model.lora.rank={rank}", "logger.log_system_metrics=false"]
+            f"model.lora.rank={rank}", f"model.dtype={args.dtype}", "logger.log_system_metrics=false"]
 
 
 class StepClock:
-    """Stands in for the MLflow run `SFTRecipe.train` logs to: the time of every step."""
+    """Stands in for the MLflow run `SFTRecipe.train` logs to: the time of every step,
+    printed as it comes, so a mode that runs out of time still reports its steps."""
 
-    def __init__(self):
-        self.times = [time.monotonic()]
+    def __init__(self, known: dict):
+        self.times, self.known = [time.monotonic()], known
 
     def log_metrics(self, metrics: dict, step: int) -> None:
         self.times.append(time.monotonic())
+        print(json.dumps({**self.known, **self.summary()}), flush=True)
+
+    def summary(self) -> dict:
+        steps = [b - a for a, b in zip(self.times, self.times[1:])]
+        later = steps[1:] or steps   # the first step allocates gradients and optimizer state
+        return {"first_step_s": round(steps[0], 2), "median_step_s": round(statistics.median(later), 2),
+                "step_s": [round(s, 2) for s in steps]}
 
 
 def child_prepare(args, rank: int) -> dict:
@@ -136,15 +146,11 @@ def child_sft(args, rank: int) -> dict:
     t0 = time.monotonic()
     recipe = SFTRecipe(cfg)
     recipe.setup()
-    setup_s = time.monotonic() - t0
-    clock = StepClock()
+    known = {"setup_s": round(time.monotonic() - t0, 1), "params_total": recipe.counts.total,
+             "params_trainable": recipe.counts.trainable, "torch_threads": torch.get_num_threads()}
+    clock = StepClock(known)
     recipe.train(clock)
-    steps = [b - a for a, b in zip(clock.times, clock.times[1:])]
-    return {"setup_s": round(setup_s, 1), "first_step_s": round(steps[0], 2),
-            "median_step_s": round(statistics.median(steps[1:] or steps), 2), "step_s": [round(s, 2) for s in steps],
-            "params_total": recipe.counts.total, "params_trainable": recipe.counts.trainable,
-            "dtype": str(next(recipe.model.parameters()).dtype).replace("torch.", ""),
-            "torch_threads": torch.get_num_threads()}
+    return {**known, **clock.summary()}
 
 
 def child_grpo(args, rank: int) -> dict:
@@ -153,14 +159,20 @@ def child_grpo(args, rank: int) -> dict:
     cfg = compose("config", common(args, rank) + [
         f"trainer.steps={args.rl_steps}", "trainer.eval_every=0", "trainer.save_every=0", "overlap=none",
         f"trainer.output_dir={args.root}/rl-{rank}"])
-    seen: list[dict] = []
-    summary = run_rl(cfg, step_callbacks=[lambda s: seen.append(s.metrics)])
     keys = ("step", "rollout", "scoring", "training", "sync")
-    per_step = [{k: round(m.get(f"perf/time/{k}", float("nan")), 2) for k in keys} for m in seen]
-    later = per_step[1:] or per_step
-    return {"first_step_s": per_step[0]["step"], "median_step_s": statistics.median(s["step"] for s in later),
-            "steps": per_step, "train_seconds": round(summary["train_seconds"], 1),
-            "reference_role": rank == 0}
+    per_step: list[dict] = []
+
+    def report() -> dict:
+        later = per_step[1:] or per_step
+        return {"first_step_s": per_step[0]["step"], "median_step_s": statistics.median(s["step"] for s in later),
+                "steps": per_step, "reference_role": rank == 0}
+
+    def on_step(trained) -> None:   # printed as it comes: a mode out of time keeps its steps
+        per_step.append({k: round(trained.metrics.get(f"perf/time/{k}", float("nan")), 2) for k in keys})
+        print(json.dumps(report()), flush=True)
+
+    summary = run_rl(cfg, step_callbacks=[on_step])
+    return {**report(), "train_seconds": round(summary["train_seconds"], 1)}
 
 
 # ---------------------------------------------------------------------- report --
@@ -180,7 +192,9 @@ def main() -> None:
     ap.add_argument("--phases", default="sft", help="comma-separated: sft, grpo")
     ap.add_argument("--steps", type=int, default=4, help="SFT steps per mode")
     ap.add_argument("--rl-steps", type=int, default=3, help="GRPO steps per mode")
-    ap.add_argument("--batch", type=int, default=4, help="SFT utterances per step")
+    ap.add_argument("--batch", type=int, default=2, help="SFT utterances per step")
+    ap.add_argument("--dtype", default="float32",
+                    help="model.dtype (SFT trains in it: its features are float32, so bfloat16 fails in the encoder)")
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds per (phase, mode)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu_2core_lora"))
     ap.add_argument("--root", default="", help="output_root for corpus and weights (default: a temporary folder)")
@@ -199,7 +213,8 @@ def main() -> None:
             sys.exit(f"preparing the corpus and weights failed: {prepared['error']}")
         results = {phase: {mode: run_child(args, phase, rank, root) for mode, rank in modes.items()}
                    for phase in args.phases.split(",")}
-    result = {"machine": machine(), "model": args.model, "lora_rank": args.rank, "sft_steps": args.steps,
+    result = {"machine": machine(), "model": args.model, "dtype": args.dtype, "lora_rank": args.rank,
+              "sft_steps": args.steps,
               "sft_batch": args.batch, "rl_steps": args.rl_steps,
               "command": portable(" ".join([Path(sys.argv[0]).name, *sys.argv[1:]])), "results": results}
     out = Path(args.out)

@@ -18,6 +18,11 @@ scrambling weights, and a receiver in another dtype (e.g. bf16 rollout) gets a c
 A receiver that holds no copy of the module (a vLLM worker, whose weights are laid out
 differently) takes the tensors one by one with `receive_tensors`, given the sender's
 `tensor_specs` (names and shapes), and loads them its own way.
+
+With LoRA (`model.lora`) the sender chooses the list (`broadcast_tensors`): only the
+adapters' tensors to a receiver wrapped the same way (`receive_into`), or the plain
+model's tensors with the adapters merged in as they are read, which any receiver of the
+plain layout takes unchanged.
 """
 from __future__ import annotations
 

@@ -93,7 +93,9 @@ class HFEngine(EngineSpec):
 
 @ROLLOUT_ENGINES.register("vllm")
 class VLLMEngine(EngineSpec):
-    """vLLM engines as Ray actors, each on rollout.tensor_parallel_size slots, colocated or not."""
+    """vLLM engines as Ray actors, each on rollout.tensor_parallel_size slots, colocated or not.
+    With LoRA they get merged weights (`applies_lora` False): vLLM's own LoRA serving would
+    need a LoRA request per update and is untried with Qwen3-ASR."""
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
