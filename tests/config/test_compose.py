@@ -191,11 +191,33 @@ def test_group_file_with_unknown_key_is_rejected(tmp_path):
     (["reward=remote", "reward.remote.max_in_flight=0"], "reward.remote.max_in_flight=0: must be >= 1"),
     (["reward=remote", "reward.remote.backoff_s=20"], "reward.remote.backoff_s=20.0, backoff_max_s=10.0"),
     (["reward=remote", "reward.reward_file=x.py"], "reward.reward_file and reward.remote.urls are both set"),
+    (["model.lora.rank=-1"], "model.lora.rank=-1: must be >= 0"),
+    (["model.lora.rank=8", "model.lora.alpha=0"], "model.lora.alpha=0.0: must be > 0"),
+    (["model.lora.rank=8", "model.lora.dropout=1"], "model.lora.dropout=1.0: must be in [0, 1)"),
+    (["model.lora.rank=8", "model.lora.target_modules=[]"], "LoRA needs modules to adapt"),
+    (["model.lora.rank=8", "model.lora.target_modules=[self_attn.q_proj]"], "give module names"),
+    (["model.lora.rank=8", "trainer.zero_stage=3"], "model.lora.rank=8 with trainer.zero_stage=3: not supported"),
+    (["model.lora.rank=8", "model.freeze_audio_encoder=false"], "model.lora.encoder_target_modules=[q_proj"),
 ])
 def test_impossible_combinations_are_rejected_naming_the_keys(overrides, needle):
     with pytest.raises(ConfigError) as err:
         validate_config(_compose(overrides=overrides))
     assert needle in str(err.value)
+
+
+def test_lora_takes_the_reference_into_the_policy_only_where_roles_are_colocated():
+    from asr_grpo.models.lora import reference_in_policy, reference_role_needed
+    from asr_grpo.workers.threads import side_by_side
+
+    cases = {"colocate": (True, False, 1), "separate": (False, True, 2)}   # in policy, ref role, ranks scoring
+    for placement, (in_policy, role, shared) in cases.items():
+        cfg = _compose(overrides=["model.lora.rank=8", f"placement={placement}"])
+        validate_config(cfg)
+        assert (reference_in_policy(cfg), reference_role_needed(cfg)) == (in_policy, role)
+        assert side_by_side(cfg, 1)["shared"] == shared   # the policy, and the reference rank where there is one
+    plain = _compose(overrides=["placement=colocate"])
+    assert (reference_in_policy(plain), reference_role_needed(plain)) == (False, True)
+    assert not reference_role_needed(_compose(overrides=["model.lora.rank=8", "algorithm.kl_coef=0"]))
 
 
 def test_every_shipped_combination_is_valid():

@@ -118,6 +118,29 @@ class DataConfig:
     default_language: str = ""
 
 
+# The language model's projections LoRA wraps by default (Qwen3's attention and MLP).
+LM_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters (PEFT) in place of full fine-tuning, in SFT and RL (`models/lora.py`).
+    The base weights stay frozen; the reference policy is the base with the adapters
+    switched off."""
+    rank: int = 0                     # 0: off (full fine-tuning)
+    alpha: float = 16.0               # scaling = alpha / rank
+    dropout: float = 0.0              # on the adapters' input while training
+    # Projections of the LM's decoder layers that get adapters (names, not paths: the audio
+    # encoder's q/k/v_proj are left alone).
+    target_modules: list[str] = field(default_factory=lambda: list(LM_PROJECTIONS))
+    # Projections of the audio encoder's layers that get adapters too (e.g. [q_proj,
+    # k_proj, v_proj, out_proj, fc1, fc2]); empty: the encoder stays as it is.
+    encoder_target_modules: list[str] = field(default_factory=list)
+    # Train the audio adapter (projector between encoder and LM) in full beside the LoRA
+    # layers (PEFT's modules_to_save); the reference keeps the original.
+    train_audio_adapter: bool = False
+
+
 @dataclass
 class ModelConfig:
     # A Qwen3-ASR checkpoint: any folder `from_pretrained` loads (save_pretrained layout,
@@ -153,6 +176,7 @@ class ModelConfig:
     vocab_size: int = 0               # LM vocabulary; 0: the tokenizer's size
     # Tokenizer trained locally on the corpus text (fresh weights only).
     tokenizer_vocab_size: int = 1200
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

@@ -102,6 +102,7 @@ def config_problems(cfg: Any) -> list[str]:
              f"trainer.prompts_per_step={tr.prompts_per_step} is not divisible by "
              f"placement.actor_num_ranks={pl.actor_num_ranks}: every data-parallel rank needs the same "
              f"number of prompt groups")
+    _check_lora(cfg.model, tr, need)
     for group in ("sft", "trainer"):
         _check_wave_augment(cfg[group].wave_augment, f"{group}.wave_augment", need)
     _check_sft_warmup(cfg.sft, need)
@@ -271,6 +272,27 @@ def _check_sft_warmup(sft: Any, need) -> None:
     if str(sft.profile) == "finetune":
         need(warmup == 0, f"sft.ctc_warmup_steps={warmup} with sft=finetune: a CTC warm-up through a fresh CTC "
                           f"head retrains the audio path of a trained model; set sft.ctc_warmup_steps=0")
+
+
+def _check_lora(model: Any, tr: Any, need) -> None:
+    """model.lora: numbers a LoRA layer can take, modules it can find, and what it cannot run with."""
+    lora = model.lora
+    need(lora.rank >= 0, f"model.lora.rank={lora.rank}: must be >= 0 (0: off, full fine-tuning)")
+    if lora.rank <= 0:
+        return
+    need(lora.alpha > 0, f"model.lora.alpha={lora.alpha}: must be > 0")
+    need(0 <= lora.dropout < 1, f"model.lora.dropout={lora.dropout}: must be in [0, 1)")
+    names = [*lora.target_modules, *lora.encoder_target_modules]
+    need(bool(names), "model.lora.target_modules and model.lora.encoder_target_modules are both empty: LoRA "
+                      "needs modules to adapt (e.g. [q_proj, v_proj])")
+    bad = [n for n in names if not str(n).isidentifier()]
+    need(not bad, f"model.lora target modules {bad}: give module names (q_proj, fc1, ...), not paths or patterns")
+    need(tr.zero_stage != 3, f"model.lora.rank={lora.rank} with trainer.zero_stage=3: not supported (ZeRO-3 "
+                             "would partition the frozen base that reference and sync read); the adapters' "
+                             "optimizer state is small, use trainer.zero_stage=0, 1 or 2")
+    need(model.freeze_audio_encoder or bool(lora.encoder_target_modules),
+         f"model.freeze_audio_encoder=false with model.lora.rank={lora.rank}: LoRA freezes every base weight, the "
+         "encoder's too; adapt it with model.lora.encoder_target_modules=[q_proj, k_proj, v_proj, out_proj, fc1, fc2]")
 
 
 def _check_wave_augment(wa: Any, key: str, need) -> None:

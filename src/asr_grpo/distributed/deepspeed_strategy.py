@@ -285,23 +285,40 @@ class TrainingEngine:
 
     # -- checkpoints ---------------------------------------------------------------
     def save_checkpoint(self, directory: str, tag: str,
-                        client_state: Optional[dict] = None) -> None:
+                        client_state: Optional[dict] = None, frozen: bool = True) -> None:
         """Collective: every rank writes its part under `directory/tag`.
 
-        Covers model weights (frozen ones too), the optimizer state (ZeRO partitions per
+        Covers model weights (frozen ones too, unless `frozen` is False: LoRA's base,
+        which the model is built from again), the optimizer state (ZeRO partitions per
         rank), the LR scheduler, DeepSpeed's step counters, and `client_state` (e.g. the
         RL step and data position). Not covered: RNG states and data-loader order, which
         the caller restores via `client_state` if it needs them.
         """
-        self.engine.save_checkpoint(directory, tag=tag, client_state=client_state or {})
+        with contextlib.nullcontext() if frozen else self._trainable_module_state():
+            self.engine.save_checkpoint(directory, tag=tag, client_state=client_state or {},
+                                        exclude_frozen_parameters=not frozen)
 
-    def load_checkpoint(self, directory: str, tag: Optional[str] = None) -> dict:
-        """Collective; restores everything `save_checkpoint` wrote and returns client_state.
+    @contextlib.contextmanager
+    def _trainable_module_state(self) -> Iterator[None]:
+        """DeepSpeed's exclude_frozen_parameters drops frozen parameters by their name, so
+        a tied alias of one (lm_head = embed_tokens: a second name in the state dict) is
+        written anyway, the whole vocabulary matrix; keep the trainable tensors only."""
+        keep = {name for name, p in self.module.named_parameters() if p.requires_grad}
+        full = self.engine.module_state_dict
+        self.engine.module_state_dict = lambda *a, **kw: {k: v for k, v in full(*a, **kw).items() if k in keep}
+        try:
+            yield
+        finally:
+            del self.engine.module_state_dict   # the class's method again
+
+    def load_checkpoint(self, directory: str, tag: Optional[str] = None, frozen: bool = True) -> dict:
+        """Collective; restores everything `save_checkpoint` wrote and returns client_state
+        (`frozen`: as it was saved; False keeps the frozen weights the model holds).
         Files are read weights-only (`load_weights_only`): never unpickling code.
 
         Under ZeRO-3 load into a freshly built engine, not one that already trained.
         """
-        path, client_state = self.engine.load_checkpoint(directory, tag=tag)
+        path, client_state = self.engine.load_checkpoint(directory, tag=tag, load_module_strict=frozen)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {directory} (tag={tag})")
         return client_state

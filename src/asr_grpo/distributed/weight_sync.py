@@ -18,13 +18,18 @@ scrambling weights, and a receiver in another dtype (e.g. bf16 rollout) gets a c
 A receiver that holds no copy of the module (a vLLM worker, whose weights are laid out
 differently) takes the tensors one by one with `receive_tensors`, given the sender's
 `tensor_specs` (names and shapes), and loads them its own way.
+
+With LoRA (`model.lora`) the sender chooses the list (`broadcast_tensors`): only the
+adapters' tensors to a receiver wrapped the same way (`receive_into`), or the plain
+model's tensors with the adapters merged in as they are read, which any receiver of the
+plain layout takes unchanged.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
 import math
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -36,9 +41,13 @@ _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.in
            torch.int32, torch.bool, torch.uint8, torch.int8]
 
 
-def _tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+def model_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """Unique parameters then buffers, in a deterministic order on both sides."""
     return list(model.named_parameters()) + list(model.named_buffers())
+
+
+def _specs(tensors: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple[int, ...]]]:
+    return [(name, tuple(getattr(t, "ds_shape", t.shape))) for name, t in tensors]
 
 
 def _full_numel(t: torch.Tensor) -> int:
@@ -105,11 +114,15 @@ class WeightSyncGroup:
                                  f"{numel} on the sender")
         return header
 
-    @torch.no_grad()
     def receive_model(self, model: torch.nn.Module) -> None:
         """Rollout ranks: overwrite `model`'s tensors in place with rank 0's."""
-        tensors = _tensors(model)
-        header = self._header_for(tensor_specs(model))
+        self.receive_into(model_tensors(model))
+
+    @torch.no_grad()
+    def receive_into(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Overwrite `tensors` (name, tensor) in place with what rank 0 sends, in this
+        order: the sender's list must match (e.g. both sides' LoRA `adapter_tensors`)."""
+        header = self._header_for(_specs(tensors))
         for (_, t), (_, code) in zip(tensors, header):
             dtype = _DTYPES[code]
             if dtype == t.dtype and self._in_place_ok(t):
@@ -132,25 +145,34 @@ class WeightSyncGroup:
 def tensor_specs(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...]]]:
     """(name, full shape) of every tensor the sender walks, in its order; a model built
     on the meta device gives the same list without allocating its weights."""
-    return [(name, tuple(getattr(t, "ds_shape", t.shape))) for name, t in _tensors(model)]
+    return _specs(model_tensors(model))
 
 
-@torch.no_grad()
 def broadcast_model(model: torch.nn.Module, zero_stage: int,
                     group: Optional[WeightSyncGroup]) -> None:
     """Call on EVERY trainer rank under ZeRO-3 (gathering a shard is a collective of the
     DeepSpeed group), with `group` None except on trainer rank 0; below ZeRO-3 only
     rank 0 needs to call. Gathers one parameter at a time, so peak extra memory is the
     largest tensor, not the model."""
-    tensors = _tensors(model)
+    broadcast_tensors(model_tensors(model), zero_stage, group)
+
+
+@torch.no_grad()
+def broadcast_tensors(tensors: list[tuple[str, torch.Tensor]], zero_stage: int,
+                      group: Optional[WeightSyncGroup],
+                      read: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None) -> None:
+    """`broadcast_model` for a chosen list of (name, tensor). `read(name, tensor)` gives
+    the values to send in each tensor's place, of its shape and dtype (a LoRA layer's
+    weight with its delta merged in: `models.lora.merged_tensors`); by default the tensor."""
     if group is not None:
         header = torch.tensor([[_full_numel(t), _DTYPES.index(t.dtype)] for _, t in tensors],
                               dtype=torch.int64).reshape(-1, 2)
         group._exchange_header(header)
-    for _, t in tensors:
+    for name, t in tensors:
         with _gathered(t, zero_stage):
             if group is not None:
-                data = t.data if group._in_place_ok(t) else t.data.to(group.device).contiguous()
+                value = t.data if read is None else read(name, t.data)
+                data = value if group._in_place_ok(value) else value.to(group.device).contiguous()
                 group._broadcast(data)
 
 

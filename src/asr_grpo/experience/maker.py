@@ -106,9 +106,11 @@ class KnownScores:
 
 
 class ExperienceMaker:
-    def __init__(self, cfg: RunConfig, tokenizer, policy, ref, critic, reward, reward_model=None):
+    def __init__(self, cfg: RunConfig, tokenizer, policy, ref, critic, reward, reward_model=None,
+                 ref_method: str = "compute_logprobs"):
         self.cfg, self.tokenizer = cfg, tokenizer
         self.policy, self.ref, self.critic, self.reward = policy, ref, critic, reward
+        self.ref_method = ref_method   # the policy's "compute_ref_logprobs" where it is the reference (LoRA)
         self.reward_model = reward_model
         self.rescored = 0          # sequences scored again after a streaming scorer restarted
         self.reward_restarts = 0   # reward workers restarted to reclaim a hung reward_func
@@ -318,7 +320,7 @@ class ExperienceMaker:
         reused = self._reusable_old_logprobs(seqs, version)
         pending = {"old": self._launch(self.policy, "compute_logprobs", refs, KnownScores(reused) if reused else None)}
         if self.ref is not None:
-            pending["ref"] = self._launch(self.ref, "compute_logprobs", refs, streamed.get("ref"))
+            pending["ref"] = self._launch(self.ref, self.ref_method, refs, streamed.get("ref"))
         if self.critic is not None:
             pending["values"] = self._launch(self.critic, "compute_values", refs, streamed.get("values"))
         if reward is None:

@@ -9,7 +9,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 COMPLETE_MARKER = "checkpoint_complete.json"
 
@@ -31,15 +31,21 @@ def fsync_tree(path: str | Path) -> None:
         fsync_path(root)
 
 
-def save_hf_checkpoint(model, processor, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
-    """save_pretrained into `<path>.tmp-<pid>`, fsync, then rename over `path`."""
+def save_hf_checkpoint(model, processor, path: str | Path, metadata: dict[str, Any] | None = None, *,
+                       state_dict: dict[str, Any] | None = None,
+                       write_extra: Callable[[Path], None] | None = None) -> Path:
+    """save_pretrained into `<path>.tmp-<pid>`, fsync, then rename over `path`.
+    `state_dict`: the weights to write in place of the model's own (a LoRA model's merged
+    ones); `write_extra(folder)` adds files before the folder is marked complete."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     processor.save_pretrained(tmp)
+    if write_extra is not None:
+        write_extra(tmp)
     (tmp / COMPLETE_MARKER).write_text(json.dumps(metadata or {}, indent=2, sort_keys=True))
     fsync_tree(tmp)
     # os.replace cannot replace a non-empty directory: move the old one aside first.

@@ -36,6 +36,7 @@ from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.experience.sync_check import check_sequences, check_weight_sync
 from asr_grpo.models import load_processor
 from asr_grpo.models import step_checkpoints as ckpt
+from asr_grpo.models.lora import reference_in_policy, reference_role_needed
 from asr_grpo.overlap.dynamic_sampling import DynamicSampling
 from asr_grpo.overlap.planners import MODES, plan_record
 from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
@@ -95,7 +96,7 @@ class RLRecipe:
         recorded_plans = read_plans(cfg.logger, cfg.overlap.replay_plan) if cfg.overlap.replay_plan else None
         use_lm = cfg.reward.smoothness_scorer == "lm"
         counts = role_counts(cfg.placement, use_critic=cfg.algorithm.use_critic,
-                             use_ref=cfg.algorithm.kl_coef > 0, use_reward_model=use_lm)
+                             use_ref=reference_role_needed(cfg), use_reward_model=use_lm)
         # Colocated HF: the policy ranks roll out with their own weights (no rollout role).
         counts["rollout"] = rollout_ranks(cfg)
         self.separate_rollout = counts["rollout"] > 0
@@ -156,8 +157,12 @@ class RLRecipe:
         scorers = {name: g for name, g in (("ref", self.ref), ("values", self.critic), ("lm", self.reward_model))
                    if g is not None}
         restore = self._restore_rollout_worker if self.rollout_group is not None else None
-        self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, self.ref, self.critic, self.reward,
-                                     self.reward_model)
+        # LoRA on colocated ranks: the policy's own weights, adapters off, are the reference
+        # (no streaming: they score after the rollout, which they decode).
+        ref, ref_method = ((self.policy, "compute_ref_logprobs") if reference_in_policy(cfg)
+                           else (self.ref, "compute_logprobs"))
+        self.maker = ExperienceMaker(cfg, self.processor.tokenizer, self.policy, ref, self.critic, self.reward,
+                                     self.reward_model, ref_method=ref_method)
         self.scheduler = RolloutScheduler(cfg.overlap, cfg.trainer.prompts_per_step, hosts, scorers,
                                           resolve=ray.get, is_death=is_actor_death, restore_host=restore,
                                           frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg),

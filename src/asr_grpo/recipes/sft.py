@@ -27,12 +27,18 @@ from asr_grpo.models import (
     encode_supervised,
     fresh_model,
     load_model,
-    save_hf_checkpoint,
+    parameter_counts,
     set_audio_encoder_frozen,
 )
 from asr_grpo.models.ctc import CTCHead
+from asr_grpo.models.lora import apply_lora, save_model_checkpoint
 from asr_grpo.recipes.batching import length_grouped_batches
-from asr_grpo.recipes.sft_start import check_model_path, profile_problem, starts_from_checkpoint
+from asr_grpo.recipes.sft_start import (
+    check_lora_start,
+    check_model_path,
+    profile_problem,
+    starts_from_checkpoint,
+)
 from asr_grpo.tracking import MlflowRun
 
 log = logging.getLogger(__name__)
@@ -76,6 +82,7 @@ class SFTRecipe:
         cfg = self.cfg
         seed_everything(cfg.sft.seed)
         torch.set_num_threads(cfg.sft.num_threads)
+        check_lora_start(cfg)
         if starts_from_checkpoint(cfg):   # before the corpus is built: a wrong path fails at once
             check_model_path(cfg)
         if (problem := profile_problem(cfg)) is not None:
@@ -94,9 +101,13 @@ class SFTRecipe:
                                                      languages=[u.language for u in utts])
         self.model.to(getattr(torch, weights_dtype))
         self.tokenizer = self.processor.tokenizer
+        # model.lora: adapters wrapped into the model in place, everything else frozen.
+        self.lora = apply_lora(self.model, cfg.model.lora)
         self.model.train()
         set_frontend_memory_format(self.model, torch.channels_last)
-        self.counts = set_audio_encoder_frozen(self.model, not cfg.sft.train_audio_encoder)
+        # LoRA froze every base weight, the encoder's included; otherwise the profile decides.
+        self.counts = (parameter_counts(self.model) if self.lora is not None
+                       else set_audio_encoder_frozen(self.model, not cfg.sft.train_audio_encoder))
         self.eos_id = self.tokenizer.eos_token_id
         needs_ctc = cfg.sft.ctc_weight > 0 or cfg.sft.ctc_warmup_steps > 0
         frame_dim = self.model.config.audio_config.output_dim   # the adapter's output: the LM's width
@@ -220,7 +231,8 @@ class SFTRecipe:
         # RL warns when its training manifest is no longer this one (e.g. a new corpus).
         meta["train_manifest_sha256"] = manifest_digest(self.train_set.manifest_path)
         set_frontend_memory_format(self.model, torch.contiguous_format)
-        path = save_hf_checkpoint(self.model, self.processor, self.cfg.sft.output_dir, meta)
+        # With LoRA: the merged weights (RL and from_pretrained load them) and the adapter.
+        path = save_model_checkpoint(self.model, self.processor, self.cfg.sft.output_dir, meta, peft_model=self.lora)
         for name, rows in self.last_eval_rows.items():   # dev_transcripts.jsonl, ...
             (path / f"{name}_transcripts.jsonl").write_text(
                 "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

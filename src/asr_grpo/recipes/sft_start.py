@@ -57,3 +57,21 @@ def profile_problem(cfg) -> str | None:
                 "model.path, its own output folder, or model.init=random): use sft=default, the recipe for "
                 "fresh weights (or name a trained checkpoint with model.path=...)")
     return None
+
+
+def check_lora_start(cfg) -> None:
+    """LoRA adapts a trained model: SFT with `model.lora.rank` > 0 needs weights to start
+    from, and no CTC warm-up (it trains the audio side and a CTC head, not the adapters)."""
+    from asr_grpo.models.lora import lora_enabled
+
+    lora = cfg.model.lora
+    if not lora_enabled(lora):
+        return
+    if not starts_from_checkpoint(cfg) and cfg.model.init != "random":
+        raise ConfigError(f"model.lora.rank={lora.rank}: LoRA fine-tunes a trained model, and SFT has none to "
+                          "start from: give model.path=<checkpoint> (or model.lora.rank=0 to train from scratch; "
+                          "model.init=random for a systems benchmark)")
+    if cfg.sft.ctc_warmup_steps > 0:
+        raise ConfigError(f"model.lora.rank={lora.rank} with sft.ctc_warmup_steps={cfg.sft.ctc_warmup_steps}: the "
+                          "CTC warm-up trains the audio side from scratch, which LoRA keeps frozen; set "
+                          "sft.ctc_warmup_steps=0")

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -33,7 +34,7 @@ def _plain(node) -> dict:
 def fresh_weights_dir(cfg) -> Path:
     """Where `model.init=random` keeps its checkpoint: one folder per architecture, seed
     and training text (the corpus manifests)."""
-    arch = {k: v for k, v in _plain(cfg.model).items() if k not in ("path", "init", "freeze_audio_encoder")}
+    arch = {k: v for k, v in _plain(cfg.model).items() if k not in ("path", "init", "freeze_audio_encoder", "lora")}
     key = json.dumps({"model": arch, "seed": cfg.seed, "data": _plain(cfg.data)}, sort_keys=True, default=str)
     return Path(cfg.paths.output_root) / "checkpoints" / f"fresh-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
@@ -69,6 +70,14 @@ def check_start_checkpoint(cfg) -> None:
         check_model_path(cfg)
 
 
+def without_lora(cfg):
+    """A copy of `cfg` that trains every weight: the SFT warm start an RL run builds for
+    itself starts from fresh weights, where LoRA (`model.lora`, RL's) has nothing to adapt."""
+    plain = copy.deepcopy(cfg)
+    plain.model.lora.rank = 0
+    return plain
+
+
 def prepare_start_checkpoint(cfg) -> str:
     """The folder (or hub id) the policy, reference and critic load."""
     if cfg.model.init == "random":
@@ -79,5 +88,5 @@ def prepare_start_checkpoint(cfg) -> str:
             log.warning(mismatch)
         return str(cfg.model.path)
     log.info("no SFT checkpoint at %s: building the corpus and running SFT first", cfg.model.path)
-    run_sft(cfg)   # model.path is SFT's own output folder: it starts from fresh weights
+    run_sft(without_lora(cfg))   # model.path is SFT's own output folder: it starts from fresh weights
     return str(cfg.model.path)

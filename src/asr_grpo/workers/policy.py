@@ -11,15 +11,17 @@ import torch
 
 from asr_grpo.distributed.deepspeed_strategy import TrainingEngine, trained_precision
 from asr_grpo.distributed.ema import WeightEma
-from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_model
+from asr_grpo.distributed.weight_sync import WeightSyncGroup, broadcast_tensors, model_tensors
 from asr_grpo.evaluation import transcribe
 from asr_grpo.experience.losses import actor_loss
 from asr_grpo.experience.types import ExperienceItem, SequenceRef
-from asr_grpo.models import load_model, save_hf_checkpoint, set_audio_encoder_frozen
+from asr_grpo.models import load_model, set_audio_encoder_frozen
+from asr_grpo.models.lora import adapter_tensors, apply_lora, merged_tensors, save_model_checkpoint
 from asr_grpo.tracking import busy
 from asr_grpo.workers.base import ModelRole
 from asr_grpo.workers.device import join_process_group
 from asr_grpo.workers.rng import rng_state, set_rng_state
+from asr_grpo.workers.rollout import ROLLOUT_ENGINES
 from asr_grpo.workers.rollout_host import RolloutHost, hf_engine
 from asr_grpo.workers.threads import phase
 from asr_grpo.workers.training import run_updates
@@ -34,6 +36,9 @@ class PolicyRole(ModelRole, RolloutHost):
         load_dtype, bf16 = trained_precision(self.cfg.model.dtype)
         model, self.processor = load_model(self.cfg.model.path, load_dtype)
         set_audio_encoder_frozen(model, self.cfg.model.freeze_audio_encoder)
+        # model.lora: adapters wrapped into `model` in place (everything else frozen); the
+        # PeftModel is kept for switching them off (the reference) and saving them alone.
+        self.lora = apply_lora(model, self.cfg.model.lora)
         self.train_engine = TrainingEngine(model, self.engine_trainer_cfg(), lr=self.cfg.trainer.lr,
                                            num_training_steps=optimizer_steps, bf16=bf16)
         tok = self.processor.tokenizer
@@ -49,6 +54,18 @@ class PolicyRole(ModelRole, RolloutHost):
         with self.train_engine.gathered() as module:
             module.eval()
             return self._logprobs(module, seqs, self.cfg.trainer.micro_batch_size, temperature)
+
+    @busy
+    @phase("shared")
+    def compute_ref_logprobs(self, seqs: list[SequenceRef]) -> list[torch.Tensor]:
+        """The reference policy's log-probs from this rank's own weights with the LoRA
+        adapters switched off: the base model, with no second copy of it (LoRA on
+        colocated ranks: `models.lora.reference_in_policy`)."""
+        if self.lora is None:
+            raise ValueError("reference log-probs asked of the policy, but model.lora.rank=0 trains every weight")
+        with self.train_engine.gathered() as module, self.lora.disable_adapter():
+            module.eval()
+            return self._logprobs(module, seqs, self.cfg.trainer.micro_batch_size)
 
     @busy
     @phase("train")
@@ -81,7 +98,8 @@ class PolicyRole(ModelRole, RolloutHost):
         """Collective: DeepSpeed state on every rank; rank 0 also writes the HF folder (and,
         with a weight average, `<hf_dir>_ema` beside it); every rank its part of the average."""
         state = dict(client_state, rng=rng_state())
-        self.train_engine.save_checkpoint(directory, tag, client_state=state)
+        # With LoRA the frozen base stays out: a resume loads it from model.path again.
+        self.train_engine.save_checkpoint(directory, tag, client_state=state, frozen=self.lora is None)
         if self.ema is not None:
             torch.save(self.ema.state_dict(), self._ema_file(directory, tag))
         # Every rank enters each gather (ZeRO-3 collectives); only rank 0 writes.
@@ -91,10 +109,11 @@ class PolicyRole(ModelRole, RolloutHost):
         for ema, folder in copies:
             with self._weights(ema), self.train_engine.gathered() as module:
                 if self.rank == 0 and folder:
-                    save_hf_checkpoint(module, self.processor, folder, {"stage": "rl", "ema": ema, **client_state})
+                    save_model_checkpoint(module, self.processor, folder, {"stage": "rl", "ema": ema, **client_state},
+                                          peft_model=self.lora)
 
     def load(self, directory: str, tag: str) -> dict:
-        state = self.train_engine.load_checkpoint(directory, tag)
+        state = self.train_engine.load_checkpoint(directory, tag, frozen=self.lora is None)
         set_rng_state(state.pop("rng", None))
         if self.ema is not None:
             path = self._ema_file(directory, tag)
@@ -116,5 +135,16 @@ class PolicyRole(ModelRole, RolloutHost):
 
     def broadcast_weights(self) -> None:
         """Collective over the trainer ranks (ZeRO-3 gathers each parameter); rank 0 sends."""
-        broadcast_model(self.train_engine.module, self.train_engine.zero_stage,
-                        self.sync if self.rank == 0 else None)
+        tensors, read = self._sync_payload()
+        broadcast_tensors(tensors, self.train_engine.zero_stage, self.sync if self.rank == 0 else None, read)
+
+    def _sync_payload(self):
+        """(tensors, read) a sync sends: every tensor; with LoRA only the adapters to
+        engines that wrap their copy the same way (`EngineSpec.applies_lora`: HF rollout
+        workers), else the base layout with the adapters merged in (vLLM)."""
+        module = self.train_engine.module
+        if self.lora is None:
+            return model_tensors(module), None
+        if ROLLOUT_ENGINES.get(self.cfg.rollout.engine).applies_lora:
+            return adapter_tensors(module), None
+        return merged_tensors(module, model_tensors(module))

@@ -12,8 +12,9 @@ import torch
 from asr_grpo.config.registry import Registry
 from asr_grpo.distributed.deepspeed_strategy import backend_for_device
 from asr_grpo.distributed.placement import PlacementPlan
-from asr_grpo.distributed.weight_sync import WeightSyncGroup
+from asr_grpo.distributed.weight_sync import WeightSyncGroup, model_tensors
 from asr_grpo.experience.types import SequenceRef
+from asr_grpo.models.lora import adapter_tensors, apply_lora
 from asr_grpo.rollout import vllm_unavailable_reason
 from asr_grpo.workers.base import ModelRole
 from asr_grpo.workers.rollout_host import RolloutHost, hf_engine
@@ -23,6 +24,9 @@ class RolloutRole(ModelRole, RolloutHost):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         self.model, self.pad_id = self.load_frozen_model()
+        # model.lora: the same adapters on this copy (in place), so a sync sends only them.
+        self.lora = apply_lora(self.model, self.cfg.model.lora)
+        self.model.requires_grad_(False)
         self.engine = hf_engine(self.cfg, self.model, self.pad_id)
         self.sync: WeightSyncGroup | None = None
 
@@ -34,7 +38,7 @@ class RolloutRole(ModelRole, RolloutHost):
         return 1
 
     def receive_weights(self, version: int) -> None:
-        self.sync.receive_model(self.model)
+        self.sync.receive_into(adapter_tensors(self.model) if self.lora is not None else model_tensors(self.model))
         self.engine.policy_version = version
 
     def compute_logprobs(self, seqs: list[SequenceRef], temperature: float | None = None) -> list[torch.Tensor]:
@@ -52,6 +56,10 @@ class EngineSpec:
     `compute_logprobs` (the sync check) and, with rollout.sleep_level, `sleep`."""
 
     role: type
+    # With model.lora: whether the engine's workers wrap their copy with the same LoRA
+    # adapters and take only the adapters' tensors at a sync; else they get the weights
+    # with the adapters merged in, in the plain model's layout.
+    applies_lora: bool = False
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -76,6 +84,7 @@ ROLLOUT_ENGINES: Registry[type[EngineSpec]] = Registry("rollout.engine")
 class HFEngine(EngineSpec):
     """The policy's own forward: colocated, the actor ranks decode (no rollout role)."""
     role = RolloutRole
+    applies_lora = True
 
     @classmethod
     def rollout_ranks(cls, cfg) -> int:
@@ -84,7 +93,9 @@ class HFEngine(EngineSpec):
 
 @ROLLOUT_ENGINES.register("vllm")
 class VLLMEngine(EngineSpec):
-    """vLLM engines as Ray actors, each on rollout.tensor_parallel_size slots, colocated or not."""
+    """vLLM engines as Ray actors, each on rollout.tensor_parallel_size slots, colocated or not.
+    With LoRA they get merged weights (`applies_lora` False): vLLM's own LoRA serving would
+    need a LoRA request per update and is untried with Qwen3-ASR."""
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -19,6 +19,7 @@ import math
 import os
 
 from asr_grpo.distributed.placement import role_counts
+from asr_grpo.models.lora import reference_role_needed
 
 PHASES = ("solo", "train", "shared")
 
@@ -56,7 +57,7 @@ def side_by_side(cfg, world_size: int) -> dict[str, int]:
     The policy counts among the scorers: it scores old log-probs, or decodes beside the
     streaming scorers."""
     counts = role_counts(cfg.placement, use_critic=cfg.algorithm.use_critic,
-                         use_ref=cfg.algorithm.kl_coef > 0,
+                         use_ref=reference_role_needed(cfg),
                          use_reward_model=cfg.reward.smoothness_scorer == "lm")
     nodes = max(1, int(cfg.placement.num_nodes))
     here = {role: math.ceil(n / nodes) for role, n in counts.items()}
