@@ -432,6 +432,11 @@ class TrainerConfig:
     keep_last: int = 0                # step checkpoints kept (the newest); 0: all
     resume: bool = False
     output_dir: str = "${paths.output_root}/checkpoints/rl"
+    # SIGTERM or SIGINT on the driver: the step in flight may finish for this many seconds (then it
+    # is abandoned), its checkpoint is written and the run ends with the resume command. Keep it below
+    # the scheduler's kill grace (Slurm KillWait, Kubernetes terminationGracePeriodSeconds: 30 s) less
+    # the time a checkpoint and Ray's shutdown take
+    stop_grace_s: float = 20.0
     # RL prompts' audio perturbed once a group (all its samples hear the same audio) from a seed
     # of the run's seed and the prompt's draw, so a resumed run hears what the uninterrupted one did
     wave_augment: WaveAugmentConfig = field(default_factory=lambda: WaveAugmentConfig(speed_prob=0.0,

@@ -61,6 +61,14 @@ def ensure_experiment(client, name: str, tracking_uri: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
+def end_status(exc_type: type[BaseException] | None) -> str:
+    """FINISHED; FAILED on an error; KILLED when a signal stopped the run (KeyboardInterrupt,
+    the recipes' RunStopped: BaseExceptions that are not errors of the run)."""
+    if exc_type is None:
+        return "FINISHED"
+    return "FAILED" if issubclass(exc_type, Exception) else "KILLED"
+
+
 class MlflowRun:
     """One MLflow run as a context manager; `log_metrics` drops non-finite values loudly."""
 
@@ -95,7 +103,7 @@ class MlflowRun:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        mlflow.end_run(status="FAILED" if exc_type else "FINISHED")
+        mlflow.end_run(status=end_status(exc_type))
 
     @property
     def run_id(self) -> str:
