@@ -424,7 +424,7 @@ class RLRecipe:
                                 step_s=f"{metrics['perf/time/step']:.1f}")
                 self.step = done
                 if stopping:
-                    raise stop.stopped(f"after step {done}, checkpointed as {path}")
+                    raise stop.stopped(f"after step {done} (checkpoint {path.name})")
                 if last:
                     break
             summary.update({"steps": self.step, "train_seconds": time.monotonic() - t_start,
