@@ -20,7 +20,6 @@ an abort and a C++ stack dump); `distributed.ray_cluster.start_ray` puts ours ba
 """
 from __future__ import annotations
 
-import _thread
 import contextlib
 import logging
 import signal
@@ -132,11 +131,11 @@ class StopSignals:
         self._timer.start()
 
     def _end_grace(self) -> None:
-        """In the timer's thread: run the handler again in the main thread, which is
-        most likely waiting in `ray.get` (it checks for signals while it waits)."""
+        """In the timer's thread: the signal again, to the main thread, whose handler then
+        abandons the step (a real signal also cuts short a sleep or a blocking wait)."""
         if self.mode == GRACE:
             self._grace_over = True
-            _thread.interrupt_main(self.signum)
+            signal.pthread_kill(threading.main_thread().ident, self.signum)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
