@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import shutil
 import time
 import zlib
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from asr_grpo.config.errors import DiskFull
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.config.validate import validate_config
 from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
@@ -343,15 +345,27 @@ class RLRecipe:
     # ---- checkpoints ----------------------------------------------------------------------
     def save(self, step: int, run_id: str) -> Path:
         out = self.cfg.trainer.output_dir
-        staging = ckpt.staging_dir(out, step)
         state = {"step": step, "sampler": self.sampler.state_dict(), "mlflow_run_id": run_id,
                  "scheduler": self.scheduler.state_dict(), "group_lengths": self.group_lengths,
                  "plans": self.plans}
-        refs = self.policy.call("save", str(staging / "policy_ds"), "state", {"step": step}, str(staging / "hf"))
-        if self.critic is not None:
-            refs += self.critic.call("save", str(staging / "critic_ds"), "state")
-        ray.get(refs)
-        return ckpt.commit(out, staging, step, state, keep_last=self.cfg.trainer.keep_last)
+        staging = None
+        try:
+            staging = ckpt.staging_dir(out, step)
+            refs = self.policy.call("save", str(staging / "policy_ds"), "state", {"step": step}, str(staging / "hf"))
+            if self.critic is not None:
+                refs += self.critic.call("save", str(staging / "critic_ds"), "state")
+            ray.get(refs)
+            return ckpt.commit(out, staging, step, state, keep_last=self.cfg.trainer.keep_last)
+        except Exception as exc:
+            full = ckpt.disk_full_reason(exc, out)
+            if staging is not None:   # the partial copy goes: its space may be what the next write needs
+                shutil.rmtree(staging, ignore_errors=True)
+            if full is None:
+                raise
+            latest = ckpt.latest_checkpoint(out)
+            kept = (f"{latest} (step {ckpt.read_driver_state(latest)['step']}) is intact: make room, then resume "
+                    f"with trainer.resume=true trainer.output_dir={out}" if latest else "no earlier checkpoint")
+            raise DiskFull(f"the checkpoint of step {step} could not be written to {out} ({full}); {kept}") from exc
 
     def resume(self) -> dict | None:
         if Path(self.cfg.trainer.output_dir).is_dir():
