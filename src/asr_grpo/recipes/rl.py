@@ -411,40 +411,43 @@ class RLRecipe:
             bar = tqdm(range(start, cfg.trainer.steps), desc="rl", dynamic_ncols=True,
                        initial=start, total=cfg.trainer.steps)
             last_eval: dict[str, float] = {}
-            stop = stop_signals()   # SIGTERM / SIGINT: end at a step boundary (recipes/stop.py)
-            for step in bar:
-                with self._trainer_deaths_end_the_run(step), stop.deferred():
-                    with stop.grace(cfg.trainer.stop_grace_s):   # the step in flight: finished or abandoned
-                        metrics = self.train_step(step)
-                        done = step + 1
-                        last = done == cfg.trainer.steps or out_of_time(cfg.trainer.max_minutes, t_start)
-                        if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or last):
-                            last_eval = self.evaluate()
-                            metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
-                            # An evaluation that used up the budget is the run's last: another step
-                            # would end in a second evaluation of nearly the same weights.
-                            last = last or out_of_time(cfg.trainer.max_minutes, t_start)
-                        metrics["perf/wall_clock"] = time.monotonic() - t_start
-                        tracker.log_metrics(metrics, step=done)
-                        log_plans(self.plans)
-                    # Read once: a signal after this is seen at the next step's end.
-                    stopping = stop.requested and not last
-                    # A stop checkpoints the step it let finish, save_every or not: resuming needs it.
-                    if stopping or cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or last):
-                        path = self.save(done, tracker.run_id)
-                        tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
-                bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}",
-                                cer=f"{last_eval.get('cer', float('nan')):.3f}",
-                                step_s=f"{metrics['perf/time/step']:.1f}")
-                self.step = done
-                if stopping:
-                    raise stop.stopped(f"after step {done} (checkpoint {path.name})")
-                if last:
-                    break
-            summary.update({"steps": self.step, "train_seconds": time.monotonic() - t_start,
-                            "eval_after": last_eval, "mlflow_run_id": tracker.run_id})
-            tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
-            tracker.log_summary(summary)
+            stop = stop_signals()
+            # SIGTERM / SIGINT (recipes/stop.py): between steps a signal is noted, and the loop
+            # ends at the next step boundary; the step in flight gets the grace period.
+            with stop.deferred():
+                for step in bar:
+                    with self._trainer_deaths_end_the_run(step):
+                        with stop.grace(cfg.trainer.stop_grace_s):   # the step in flight: finished or abandoned
+                            metrics = self.train_step(step)
+                            done = step + 1
+                            last = done == cfg.trainer.steps or out_of_time(cfg.trainer.max_minutes, t_start)
+                            if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or last):
+                                last_eval = self.evaluate()
+                                metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
+                                # An evaluation that used up the budget is the run's last: another step
+                                # would end in a second evaluation of nearly the same weights.
+                                last = last or out_of_time(cfg.trainer.max_minutes, t_start)
+                            metrics["perf/wall_clock"] = time.monotonic() - t_start
+                            tracker.log_metrics(metrics, step=done)
+                            log_plans(self.plans)
+                        # Read once: a signal after this is seen at the next step's end.
+                        stopping = stop.requested and not last
+                        # A stop checkpoints the step it let finish, save_every or not: resuming needs it.
+                        if stopping or cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or last):
+                            path = self.save(done, tracker.run_id)
+                            tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
+                    bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}",
+                                    cer=f"{last_eval.get('cer', float('nan')):.3f}",
+                                    step_s=f"{metrics['perf/time/step']:.1f}")
+                    self.step = done
+                    if stopping:
+                        raise stop.stopped(f"after step {done} (checkpoint {path.name})")
+                    if last:
+                        break
+                summary.update({"steps": self.step, "train_seconds": time.monotonic() - t_start,
+                                "eval_after": last_eval, "mlflow_run_id": tracker.run_id})
+                tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
+                tracker.log_summary(summary)
         return summary
 
     def cleanup(self) -> None:
