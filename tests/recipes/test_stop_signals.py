@@ -73,6 +73,17 @@ def test_zero_grace_abandons_at_the_signal(stop):
             send(signal.SIGTERM)
 
 
+def test_a_stop_that_c_code_wrapped_comes_out_as_itself(stop):
+    """Raised by the handler while Ray's Cython called back into Python, the stop becomes
+    the cause of a SystemError; the step's end unwraps it."""
+    with pytest.raises(RunStopped, match="stopped by SIGTERM: x"):
+        with stop.deferred(), stop.grace(5.0):
+            try:
+                raise stop.stopped("x")
+            except RunStopped as stopped:
+                raise SystemError("<built-in method __new__> returned a result with an exception set") from stopped
+
+
 def test_between_steps_a_signal_is_only_noted(stop):
     with stop.deferred():
         send(signal.SIGTERM)

@@ -74,6 +74,11 @@ class StopSignals:
         saved, self.mode = self.mode, mode
         try:
             yield
+        except BaseException as exc:
+            stopped = stop_behind(exc)
+            if stopped is None or stopped is exc:
+                raise
+            raise stopped from None
         finally:
             self.mode = saved
             if mode == GRACE:
@@ -141,6 +146,18 @@ class StopSignals:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def stop_behind(exc: BaseException) -> RunStopped | None:
+    """The RunStopped that `exc` is, or wraps: raised while C code called back into Python
+    (Ray's object deserialization does), it comes out as the `__cause__` of a SystemError."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, RunStopped):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 _process = StopSignals()
