@@ -126,3 +126,30 @@ def test_a_sweep_stopped_by_a_signal_records_the_job_killed_and_skips_the_rest(s
     started = []
     later = job.run(lambda: started.append(1) or {}, resume=lambda: "unused")
     assert later["status"] == "SKIPPED" and not started
+
+
+def test_a_stopped_sweep_ends_its_parent_run_killed_and_exits_as_the_signal(stop, tmp_path, capsys):
+    import json
+
+    import mlflow
+    from omegaconf import OmegaConf
+
+    from asr_grpo.sweep import JOBS_FILE, SWEEP_FILE, SweepCallback
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    parent = client.create_run(client.create_experiment("sweep")).info.run_id
+    (tmp_path / SWEEP_FILE).write_text(json.dumps({"sweep_id": "s1", "parent_run_id": parent, "tracking_uri": uri}))
+    jobs = [{"num": 0, "overrides": "seed=0", "status": "KILLED", "run_id": None, "seconds": 9.0,
+             "error": "stopped by SIGTERM: after step 3 (checkpoint step_000003); resume this job with: CMD"},
+            {"num": 1, "overrides": "seed=1", "status": "SKIPPED", "run_id": None, "seconds": 0.0,
+             "error": "the sweep was stopped before this job"}]
+    (tmp_path / JOBS_FILE).write_text("".join(json.dumps(j) + "\n" for j in jobs))
+    stop.signum = signal.SIGTERM
+    with pytest.raises(SystemExit) as exited:
+        SweepCallback().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    assert exited.value.code == 143
+    assert client.get_run(parent).info.status == "KILLED"
+    out, err = capsys.readouterr()
+    assert "#0 seed=0: KILLED" in out and "resume this job with: CMD" in out and "#1 seed=1: SKIPPED" in out
+    assert "sweep s1: stopped by SIGTERM: job #0 stopped, the jobs after it skipped" in err
