@@ -450,6 +450,14 @@ class LoggerConfig:
     run_name: str = ""
     log_system_metrics: bool = True
     system_metrics_interval_s: float = 10.0   # MLflow system metrics (CPU, memory, GPU) sampling period
+    # Metrics logged in MLflow's background thread (`synchronous=False`), so the loop does not wait for
+    # the store, and a tracking server that is down is retried while training goes on (MLflow's HTTP
+    # retries, MLFLOW_HTTP_REQUEST_MAX_RETRIES: about 4 min by default). null: on for an http(s) server,
+    # off for a local store
+    async_logging: Optional[bool] = None
+    # steps whose metrics may be in flight at once; past it the loop waits for the oldest (the memory
+    # bound while a server is down)
+    async_max_pending: int = 1000
 
 
 @dataclass

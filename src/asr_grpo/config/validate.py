@@ -85,6 +85,8 @@ def config_problems(cfg: Any) -> list[str]:
         reason = engines.get(ro.engine).unavailable_reason()
         need(reason is None, f"rollout.engine={ro.engine}: {reason}")
 
+    need(cfg.logger.async_max_pending >= 1,
+         f"logger.async_max_pending={cfg.logger.async_max_pending}: must be >= 1")
     need(tr.steps >= 1, f"trainer.steps={tr.steps}: must be >= 1")
     need(tr.max_minutes is None or tr.max_minutes > 0,
          f"trainer.max_minutes={tr.max_minutes}: must be > 0 (null: no cap)")
