@@ -429,13 +429,17 @@ class RLRecipe:
                                 last = last or out_of_time(cfg.trainer.max_minutes, t_start)
                             metrics["perf/wall_clock"] = time.monotonic() - t_start
                             tracker.log_metrics(metrics, step=done)
-                            log_plans(self.plans)
+                            # An artifact is sent synchronously: to a tracking server, which may be away
+                            # for a while, the plans go only with the checkpoints and at the end.
+                            if tracker.synchronous:
+                                log_plans(self.plans)
                         # Read once: a signal after this is seen at the next step's end.
                         stopping = stop.requested and not last
                         # A stop checkpoints the step it let finish, save_every or not: resuming needs it.
                         if stopping or cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or last):
                             path = self.save(done, tracker.run_id)
                             tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
+                            log_plans(self.plans)
                     bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}",
                                     cer=f"{last_eval.get('cer', float('nan')):.3f}",
                                     step_s=f"{metrics['perf/time/step']:.1f}")
@@ -447,6 +451,7 @@ class RLRecipe:
                 summary.update({"steps": self.step, "train_seconds": time.monotonic() - t_start,
                                 "eval_after": last_eval, "mlflow_run_id": tracker.run_id})
                 tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
+                log_plans(self.plans)
                 tracker.log_summary(summary)
         return summary
 
