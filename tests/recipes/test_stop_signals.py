@@ -84,6 +84,17 @@ def test_a_stop_that_c_code_wrapped_comes_out_as_itself(stop):
                 raise SystemError("<built-in method __new__> returned a result with an exception set") from stopped
 
 
+def test_a_stop_that_ray_replaced_by_its_own_keyboard_interrupt_comes_out_as_itself(stop):
+    """ray.get, waiting, runs the handler; it turns the stop into a plain KeyboardInterrupt."""
+    with pytest.raises(RunStopped, match="a second SIGTERM abandoned the step"):
+        with stop.deferred(), stop.grace(60.0):
+            try:
+                send(signal.SIGTERM)
+                send(signal.SIGTERM)
+            except RunStopped:
+                raise KeyboardInterrupt() from None
+
+
 def test_between_steps_a_signal_is_only_noted(stop):
     with stop.deferred():
         send(signal.SIGTERM)

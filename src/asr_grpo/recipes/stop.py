@@ -12,8 +12,8 @@ first signal into a request, and what happens next depends on where the run is:
 - `deferred()` (between steps, while a checkpoint is written): only noted; the loop ends
   at its next step boundary, after writing the checkpoint.
 
-The stop travels as `RunStopped`, a BaseException like KeyboardInterrupt, so no `except
-Exception` on its way (a sweep job's, Hydra's) takes it for an error of the run.
+The stop travels as `RunStopped`, a KeyboardInterrupt, so no `except Exception` on its
+way (a sweep job's, Hydra's) takes it for an error of the run.
 
 Ray's `ray.init` replaces the driver's SIGTERM handler with its own (an exit that ends in
 an abort and a C++ stack dump); `distributed.ray_cluster.start_ray` puts ours back.
@@ -32,8 +32,11 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 IMMEDIATE, GRACE, DEFERRED = "immediate", "grace", "deferred"
 
 
-class RunStopped(BaseException):
-    """The run was stopped by a signal; `str()` says at which step and what was kept."""
+class RunStopped(KeyboardInterrupt):
+    """The run was stopped by a signal; `str()` says at which step and what was kept. A
+    KeyboardInterrupt: the one exception Ray's `ray.get` lets a signal handler raise
+    through its wait (it swallows others, and raises a KeyboardInterrupt of its own, which
+    the step's end turns back into this)."""
 
     def __init__(self, signum: int, detail: str):
         super().__init__(f"stopped by {signal.Signals(signum).name}: {detail}")
@@ -55,6 +58,7 @@ class StopSignals:
         self._grace_s = 0.0
         self._timer: Optional[threading.Timer] = None
         self._grace_over = False
+        self._raised: Optional[RunStopped] = None   # what the handler raised
 
     @property
     def requested(self) -> bool:
@@ -68,6 +72,11 @@ class StopSignals:
     def stopped(self, detail: str) -> RunStopped:
         return RunStopped(self.signum or signal.SIGTERM, detail)
 
+    def _stop(self, detail: str) -> RunStopped:
+        """The stop the handler raises, kept: Ray's wait replaces it with a KeyboardInterrupt."""
+        self._raised = self.stopped(detail)
+        return self._raised
+
     # ---- where the run is ------------------------------------------------------------
     @contextlib.contextmanager
     def _mode(self, mode: str) -> Iterator[None]:
@@ -75,7 +84,7 @@ class StopSignals:
         try:
             yield
         except BaseException as exc:
-            stopped = stop_behind(exc)
+            stopped = stop_behind(exc) or (self._raised if isinstance(exc, KeyboardInterrupt) else None)
             if stopped is None or stopped is exc:
                 raise
             raise stopped from None
@@ -112,13 +121,13 @@ class StopSignals:
             self.signum = signum
         name = signal.Signals(signum).name
         if self.mode == IMMEDIATE:
-            raise self.stopped("before a step of this run finished")
+            raise self._stop("before a step of this run finished")
         if self.mode == GRACE:
             if self._grace_over:
-                raise self.stopped(f"the step in flight was abandoned: not finished {self._grace_s:g} s after "
+                raise self._stop(f"the step in flight was abandoned: not finished {self._grace_s:g} s after "
                                    "the signal (trainer.stop_grace_s)")
             if not first:
-                raise self.stopped(f"a second {name} abandoned the step in flight")
+                raise self._stop(f"a second {name} abandoned the step in flight")
             log.warning("%s: finishing the step in flight (at most %g s, trainer.stop_grace_s), then checkpoint "
                         "and stop; a second signal stops at once", name, self._grace_s)
             self._start_timer()
@@ -130,7 +139,7 @@ class StopSignals:
             return
         if self._grace_s <= 0:
             self._grace_over = True
-            raise self.stopped("the step in flight was abandoned (trainer.stop_grace_s=0)")
+            raise self._stop("the step in flight was abandoned (trainer.stop_grace_s=0)")
         self._timer = threading.Timer(self._grace_s, self._end_grace)
         self._timer.daemon = True
         self._timer.start()
