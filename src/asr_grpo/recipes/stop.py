@@ -125,7 +125,7 @@ class StopSignals:
         if self.mode == GRACE:
             if self._grace_over:
                 raise self._stop(f"the step in flight was abandoned: not finished {self._grace_s:g} s after "
-                                   "the signal (trainer.stop_grace_s)")
+                                 "the signal (trainer.stop_grace_s)")
             if not first:
                 raise self._stop(f"a second {name} abandoned the step in flight")
             log.warning("%s: finishing the step in flight (at most %g s, trainer.stop_grace_s), then checkpoint "
