@@ -54,7 +54,10 @@ def run_quality(client: MlflowClient, run, budget_min: float, last: int, window:
     rid = run.info.run_id
     wall = history(client, rid, "perf/wall_clock")
     minutes_at = {0: 0.0, **{s: v / 60 for s, v in wall.items()}}
-    row = {"run_id": rid, "run_name": portable(run.info.run_name), "seed": run.data.params.get("seed"),
+    # The Hydra overrides: a param of their own (older runs were named by them).
+    overrides = run.data.params.get("overrides", run.info.run_name)
+    row = {"run_id": rid, "run_name": portable(run.info.run_name), "overrides": portable(overrides),
+           "seed": run.data.params.get("seed"),
            "steps": max(wall, default=0), "minutes": round(max(wall.values(), default=0) / 60, 1)}
     for name, key in EVAL_SETS.items():
         for suffix in ("", *(f"/{lang}" for lang in LANGUAGES)):
@@ -75,10 +78,10 @@ HARNESS_OVERRIDES = ("experiment", "overlap", "placement", "logger.experiment_na
 
 
 def labels(rows: list[dict]) -> list[str]:
-    """Each run's name (Hydra's overrides, comma-separated) without the overrides every
+    """Each run's Hydra overrides (comma-separated) without the overrides every
     run shares, or for a lone run without the harness' own: what tells the runs apart
     ("defaults" for a run with none of its own)."""
-    parts = [r["run_name"].split(",") for r in rows]
+    parts = [r["overrides"].split(",") for r in rows]
     common = (set.intersection(*map(set, parts)) if len(parts) > 1
               else {p for ps in parts for p in ps if p.split("=", 1)[0] in HARNESS_OVERRIDES})
     names = [",".join(p for p in ps if p not in common) or "defaults" for ps in parts]

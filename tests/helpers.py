@@ -87,3 +87,16 @@ def on_policy_items(model, processor, tokenizer, advantages: list[float]):
                             behaviour_logprobs=logp[i, :len(r)], ref_logprobs=logp[i, :len(r)])
              for i, r in enumerate(responses)]
     return items, logp
+
+
+def call_main(command: str, argv: list[str], monkeypatch) -> None:
+    """`python -m <command> <argv>` in this process: its Hydra `main` reading that argv
+    (Hydra told to configure no logging: the test process keeps its own)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    monkeypatch.setattr(sys, "argv", [command, *argv, "hydra/job_logging=none", "hydra/hydra_logging=none"])
+    GlobalHydra.instance().clear()
+    try:
+        importlib.import_module(command).main()
+    finally:
+        GlobalHydra.instance().clear()

@@ -6,6 +6,7 @@ sweep, one MLflow run per job under one parent run; see asr_grpo.sweep."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import shlex
@@ -28,12 +29,20 @@ log = logging.getLogger(__name__)
 register_configs()
 
 
-def run_name_from_overrides() -> str:
+def command_overrides() -> str:
+    """The command line's overrides, comma-separated (Hydra's `override_dirname`: without
+    `paths.output_root` and the Ray address, which say where, not what)."""
     try:
-        overrides = HydraConfig.get().job.override_dirname
+        return HydraConfig.get().job.override_dirname
     except ValueError:   # not under @hydra.main (e.g. called from a test)
-        overrides = ""
-    return overrides or "default"
+        return ""
+
+
+def short_run_name(cfg: DictConfig, overrides: str) -> str:
+    """`grpo-oppo-colocate-s0-1a2b3c`: what a run list is read by, and a hash of the
+    overrides that tells apart runs differing elsewhere (the overrides are a param)."""
+    digest = hashlib.sha1(overrides.encode()).hexdigest()[:6]
+    return f"{cfg.algorithm.name}-{cfg.overlap.mode}-{cfg.placement.name}-s{cfg.seed}-{digest}"
 
 
 def resume_hint(output_root: str) -> str:
@@ -93,7 +102,8 @@ def train(cfg: DictConfig, tags: dict | None = None) -> dict:
     validate_config(cfg)   # before anything starts: a bad combination names its keys
     from asr_grpo.recipes.rl import run_rl  # heavy imports after validation
 
-    summary = run_rl(cfg, run_name=run_name_from_overrides(), tags=tags)
+    overrides = command_overrides()
+    summary = run_rl(cfg, run_name=short_run_name(cfg, overrides), tags=tags, overrides=overrides)
     print(json.dumps(summary, indent=2, default=str))
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     if before and after:

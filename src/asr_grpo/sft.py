@@ -5,28 +5,53 @@ import json
 import logging
 
 import hydra
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from asr_grpo.config import register_configs
 from asr_grpo.config.errors import one_line_errors
 from asr_grpo.config.store import CONF_DIR
 from asr_grpo.config.validate import validate_config
+from asr_grpo.recipes.sft_start import starts_trained
 
 log = logging.getLogger(__name__)
 register_configs()
 
 
+def with_fitting_profile(cfg: DictConfig) -> DictConfig:
+    """A trained `model.path` with the SFT profile left at its default (from scratch):
+    the config composed again with `sft=finetune`, the user's overrides on top. A profile
+    named on the command line stays (the recipe refuses one that does not fit)."""
+    overrides = list(HydraConfig.get().overrides.task)
+    if any(o.split("=", 1)[0].lstrip("+~") == "sft" for o in overrides) or not starts_trained(cfg):
+        return cfg
+    if str(cfg.sft.profile) != "scratch":   # an experiment chose one
+        return cfg
+    log.info("model.path=%s is a trained checkpoint: SFT uses the fine-tuning profile (sft=finetune)",
+             cfg.model.path)
+    return compose(config_name="sft", overrides=[*overrides, "sft=finetune"])
+
+
+def summary_line(dev: dict) -> str:
+    """`dev CER 0.231 (de 0.210, fr 0.250)`: overall, then each language the data holds."""
+    languages = [f"{k.split('/', 1)[1]} {v:.3f}" for k, v in dev.items() if k.startswith("cer/")]
+    return f"dev CER {dev['cer']:.3f}" + (f" ({', '.join(languages)})" if languages else "")
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="sft")
 def main(cfg: DictConfig) -> None:
     with one_line_errors("asr_grpo.sft"):   # a bad key, manifest or model folder: say what
+        cfg = with_fitting_profile(cfg)
         validate_config(cfg)
         from asr_grpo.recipes.sft import run_sft  # heavy imports after config validation
 
         summary = run_sft(cfg)
-    dev = summary["dev"]
+    dev, before = summary["dev"], summary.get("dev_before")
     print(json.dumps(summary, indent=2, default=str))
-    print(f"dev CER {dev['cer']:.3f} (en {dev.get('cer/en', float('nan')):.3f}, "
-          f"zh {dev.get('cer/zh', float('nan')):.3f}) | checkpoint {summary['checkpoint']}")
+    if before:   # a fine-tune: where it started
+        print(f"before fine-tuning: {summary_line(before)}")
+    print(f"{summary_line(dev)} | checkpoint {summary['checkpoint']}")
     if "heldout_voices/cer" in dev:   # speakers no training split has
         print(f"held-out-voice CER {dev['heldout_voices/cer']:.3f}")
 

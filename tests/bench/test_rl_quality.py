@@ -64,17 +64,17 @@ def test_a_logged_run_reads_back_per_set_language_and_reward(tmp_path):
 
 def test_runs_are_labelled_by_the_overrides_that_differ():
     q = load_rl_quality()
-    rows = [{"run_name": "experiment=grpo_45min,seed=0"}, {"run_name": "experiment=grpo_45min,seed=1,trainer.lr=1e-4"}]
+    rows = [{"overrides": "experiment=grpo_45min,seed=0"}, {"overrides": "experiment=grpo_45min,seed=1,trainer.lr=1e-4"}]
     assert q.labels(rows) == ["seed=0", "seed=1,trainer.lr=1e-4"]
-    assert q.labels([rows[0], {"run_name": "experiment=grpo_45min,seed=0,trainer.lr=1e-4"}]) == [
+    assert q.labels([rows[0], {"overrides": "experiment=grpo_45min,seed=0,trainer.lr=1e-4"}]) == [
         "defaults", "trainer.lr=1e-4"]
     lone = ("data.corpus.num_rl=8000,experiment=grpo_45min,logger.experiment_name=x,overlap=none,"
             "placement=colocate,seed=0")
-    assert q.labels([{"run_name": lone}]) == ["data.corpus.num_rl=8000,seed=0"]
-    assert q.labels([{"run_name": "experiment=grpo_45min,overlap=none"}]) == ["defaults"]
+    assert q.labels([{"overrides": lone}]) == ["data.corpus.num_rl=8000,seed=0"]
+    assert q.labels([{"overrides": "experiment=grpo_45min,overlap=none"}]) == ["defaults"]
     assert q.labels([]) == []
-    again = [{"run_name": "seed=0", "run_id": "aaaaaaaa11"}, {"run_name": "seed=0", "run_id": "bbbbbbbb22"},
-             {"run_name": "seed=1", "run_id": "cccccccc33"}]
+    again = [{"overrides": "seed=0", "run_id": "aaaaaaaa11"}, {"overrides": "seed=0", "run_id": "bbbbbbbb22"},
+             {"overrides": "seed=1", "run_id": "cccccccc33"}]
     assert q.labels(again) == ["seed=0 (run aaaaaaaa)", "seed=0 (run bbbbbbbb)", "seed=1"]
 
 

@@ -139,6 +139,13 @@ def test_group_file_with_unknown_key_is_rejected(tmp_path):
     (["algorithm.n_samples_per_prompt=1"], "algorithm.n_samples_per_prompt must be >= 2"),
     (["algorithm.kl_in_reward=true"], "algorithm.kl_in_reward=true is only supported"),
     (["algorithm.dual_clip=0.5"], "algorithm.dual_clip=0.5"),
+    (["algorithm.dynamic_sampling.max_extra_groups=-1"], "algorithm.dynamic_sampling.max_extra_groups=-1: must be >= 0"),
+    (["algorithm.dynamic_sampling.enabled=true", "algorithm.advantage_estimator=reinforce_baseline",
+      "algorithm.n_samples_per_prompt=1"],
+     "algorithm.dynamic_sampling.enabled=true drops groups whose rewards are all equal: it needs at least 2 trained "
+     "samples a prompt (algorithm.n_samples_per_prompt=1, algorithm.train_samples_per_prompt=8)"),
+    (["algorithm=ppo", "algorithm.dynamic_sampling.enabled=true"],
+     "algorithm.dynamic_sampling.enabled=true with algorithm.advantage_estimator=gae: a critic"),
     (["sft.wave_augment.speed_prob=1.5"], "sft.wave_augment.speed_prob=1.5: must be in [0, 1]"),
     (["sft.wave_augment.speed_min=1.2", "sft.wave_augment.speed_max=1.1"], "speed_min=1.2, speed_max=1.1"),
     (["sft.wave_augment.babble_talkers=0"], "sft.wave_augment.babble_talkers=0"),

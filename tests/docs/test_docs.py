@@ -45,7 +45,8 @@ DOCS = REPO / "docs"
 CONFIG_DOC = DOCS / "configuration.md"
 REWARD_EXAMPLE = REPO / "examples" / "rewards" / "char_accuracy.py"
 # Which shipped config composes each root's defaults.
-ROOT_CONFIG_FILES = {"RunConfig": "config", "CompareConfig": "compare", "ForecastConfig": "forecast"}
+ROOT_CONFIG_FILES = {"RunConfig": "config", "CompareConfig": "compare", "ForecastConfig": "forecast",
+                     "InitConfig": "init"}
 
 
 # ---- the schema -------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ COMBINATION_FAULTS = {
     "a wall-clock cap of zero": (["trainer.max_minutes=0"], "trainer.max_minutes=0.0: must be > 0"),
     "a weight average that never moves": (["trainer.ema_decay=1.0"],
                                           "trainer.ema_decay=1.0: must be in [0, 1) (0: no weight average)"),
+    "dynamic sampling with a negative bound": (["algorithm.dynamic_sampling.max_extra_groups=-2"],
+                                               "algorithm.dynamic_sampling.max_extra_groups=-2: must be >= 0"),
     "one trained sample with rloo": (["algorithm.train_samples_per_prompt=1"],
                                      "algorithm.train_samples_per_prompt=1: must be >= 2 for advantage_estimator=rloo"),
 }

@@ -6,7 +6,6 @@ would give it); one fault per command also runs in a subprocess, for what the te
 shows."""
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fault_injection import corrupt, row, tone, write_manifest, write_wav
+from helpers import call_main
 
 from asr_grpo.data import ManifestError
 
@@ -71,19 +71,6 @@ def command_line(out: Path, files: dict[str, str], fault: str) -> list[str]:
     keys = {"data.train_manifest": files["train"], "data.dev_manifest": files["dev"], **FAULTS[fault][1](files)}
     return ["debug=fast", f"paths.output_root={out}", f"logger.tracking_uri=sqlite:///{out}/mlflow.db",
             *(f"{k}={v}" for k, v in keys.items() if v is not None)]
-
-
-def call_main(command: str, argv: list[str], monkeypatch) -> None:
-    """`python -m <command> <argv>` in this process: its Hydra `main` reading that argv
-    (Hydra told to configure no logging: the test process keeps its own)."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    monkeypatch.setattr(sys, "argv", [command, *argv, "hydra/job_logging=none", "hydra/hydra_logging=none"])
-    GlobalHydra.instance().clear()
-    try:
-        importlib.import_module(command).main()
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def assert_nothing_started(out: Path) -> None:

@@ -7,10 +7,15 @@ import torch
 
 def test_ctc_warmup_trains_only_the_audio_path(root):
     """`sft.ctc_warmup_steps`: those first steps move encoder, adapter and CTC head and
-    leave the LM as built (that the LM trains after them: test_sft_training)."""
-    from helpers import compose_cfg, metric_history, train_sft_logged
+    leave the LM as built (that the LM trains after them: test_sft_training). A run that
+    ends inside its warm-up (here max_steps, as sft.max_minutes would) saves nothing: it
+    ends in a ConfigError saying the LM never trained."""
+    import pytest
+    from helpers import compose_cfg, metric_history
 
+    from asr_grpo.config.errors import ConfigError
     from asr_grpo.recipes.sft import SFTRecipe
+    from asr_grpo.tracking import MlflowRun
 
     def snapshot(module):
         return {k: v.clone() for k, v in module.state_dict().items()}
@@ -24,7 +29,10 @@ def test_ctc_warmup_trains_only_the_audio_path(root):
     inner = recipe.model.model
     lm, enc = snapshot(inner.language_model), snapshot(inner.audio_tower)
     adapter = snapshot(inner.multi_modal_projector)
-    run_id = train_sft_logged(recipe, "ctc-warmup")
+    with pytest.raises(ConfigError, match="language model never trained and no checkpoint was saved"):
+        with MlflowRun(recipe.cfg.logger, run_name="ctc-warmup", config=recipe.cfg) as tracker:
+            run_id = tracker.run_id
+            recipe.train(tracker)
     assert changed(lm, inner.language_model) == []
     assert changed(enc, inner.audio_tower) and len(changed(adapter, inner.multi_modal_projector)) == 4
     assert [s for s, _ in metric_history(recipe.cfg, run_id, "loss/ctc")] == [1, 2]

@@ -46,6 +46,7 @@ LengthsKind = _choice("LengthsKind", "lognormal histogram")
 RewardTrend = _choice("RewardTrend", "rising flat")
 RunDevice = _choice("RunDevice", "auto cpu gpu")
 ModelInit = _choice("ModelInit", "pretrained random")
+SFTProfile = _choice("SFTProfile", "scratch finetune")
 
 
 @dataclass
@@ -179,6 +180,9 @@ class WaveAugmentConfig:
 
 @dataclass
 class SFTConfig:
+    # scratch (sft=default): the recipe for fresh weights (CTC warm-up, high LR, trainable
+    # encoder, perturbation); finetune (sft=finetune): for a trained start (docs/configuration.md).
+    profile: SFTProfile = SFTProfile.scratch
     output_dir: str = "${paths.output_root}/checkpoints/sft-tiny"
     max_minutes: float = 19.0         # wall-clock cap; the LR schedule follows max_steps
     max_steps: int = 2400
@@ -201,6 +205,7 @@ class SFTConfig:
     # other tokens of the batch (labels unchanged): with its own history unreliable, the
     # decoder has to take more of each token from the audio than from its language model.
     input_token_dropout: float = 0.0
+    train_audio_encoder: bool = True   # false: the encoder frozen (adapter and LM train)
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     wave_augment: WaveAugmentConfig = field(default_factory=WaveAugmentConfig)
     shortest_first_epoch: bool = True   # SortaGrad: the first epoch in increasing length
@@ -252,6 +257,17 @@ def trained_per_group(n: int, m: int | None) -> int:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling: a finished prompt group whose rewards are all equal
+    (a zero advantage for every sample under a group baseline) does not count toward the
+    step's B groups; the scheduler admits another prompt group in its place."""
+    enabled: bool = False
+    # The most replacement groups a step may draw; past it the step trains the groups
+    # that spread (fewer than B). 8: one more batch at trainer.prompts_per_step=8.
+    max_extra_groups: int = 8
+
+
+@dataclass
 class AlgorithmConfig:
     name: AlgorithmName = AlgorithmName.grpo
     advantage_estimator: str = "rloo"   # algorithms/advantages.py: ADVANTAGE_ESTIMATORS
@@ -284,6 +300,7 @@ class AlgorithmConfig:
     # truncated importance weights pi_old / pi_behaviour, capped at stale_is_clip.
     stale_is_correction: bool = False
     stale_is_clip: float = 2.0
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
 
 @dataclass
@@ -473,6 +490,25 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0
+
+
+@dataclass
+class InitConfig:
+    """`python -m asr_grpo.init_checkpoint` (conf/init.yaml): a Qwen3-ASR checkpoint of the
+    model group's architecture with fresh weights, its tokenizer and processor, written
+    without a model hub; `from_pretrained` loads it and SFT (sft=default) starts from it."""
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    data: DataConfig = field(default_factory=DataConfig)   # the corpus whose text trains the tokenizer
+    model: ModelConfig = field(default_factory=ModelConfig)
+    output_dir: str = "${paths.output_root}/checkpoints/init"
+    # A folder holding a Qwen3-ASR tokenizer to use as it is (its audio and chat tokens
+    # checked); "": train one (model.tokenizer_vocab_size) on `text`.
+    tokenizer: str = ""
+    # Text files (one utterance a line) or JSONL manifests (their `text`) to train the
+    # tokenizer on; empty: the training split of `data` (the demo corpus, built if needed).
+    text: list[str] = field(default_factory=list)
+    languages: list[str] = field(default_factory=lambda: ["en", "zh"])   # of plain text files
     seed: int = 0
 
 

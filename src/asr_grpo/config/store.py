@@ -6,7 +6,7 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from asr_grpo.config.schema import CompareConfig, ForecastConfig, RunConfig
+from asr_grpo.config.schema import CompareConfig, ForecastConfig, InitConfig, RunConfig
 
 # The config tree ships inside the package (asr_grpo/conf, package data), so an installed
 # package finds it from any folder; the repository's top-level `conf` is a symlink to it.
@@ -18,3 +18,4 @@ def register_configs() -> None:
     cs.store(name="run_schema", node=RunConfig)
     cs.store(name="compare_schema", node=CompareConfig)
     cs.store(name="forecast_schema", node=ForecastConfig)
+    cs.store(name="init_schema", node=InitConfig)

@@ -45,6 +45,7 @@ def config_problems(cfg: Any) -> list[str]:
     if algo.name == "ppo":
         need(algo.use_critic, "algorithm.name=ppo needs a critic: set algorithm.use_critic=true")
     _check_advantage_estimator(algo, need)
+    _check_dynamic_sampling(algo, need)
     need(algo.temperature >= 0, f"algorithm.temperature={algo.temperature}: must be >= 0")
     need(0 < algo.top_p <= 1, f"algorithm.top_p={algo.top_p}: must be in (0, 1]")
     need(algo.max_new_tokens >= 1, f"algorithm.max_new_tokens={algo.max_new_tokens}: must be >= 1")
@@ -104,6 +105,7 @@ def config_problems(cfg: Any) -> list[str]:
              f"number of prompt groups")
     for group in ("sft", "trainer"):
         _check_wave_augment(cfg[group].wave_augment, f"{group}.wave_augment", need)
+    _check_sft_warmup(cfg.sft, need)
     if (problem := reward_file_problem(cfg.reward)) is not None:
         problems.append(problem)
     _check_remote_reward(cfg.reward, need)
@@ -161,6 +163,27 @@ def _check_advantage_estimator(algo: Any, need) -> None:
                     f"(the others put the KL in the loss)")
 
 
+def _check_dynamic_sampling(algo: Any, need) -> None:
+    """algorithm.dynamic_sampling: a bound a step can count to, and groups whose trained
+    samples can spread, under an estimator for which a flat group teaches nothing."""
+    from asr_grpo.algorithms import ADVANTAGE_ESTIMATORS
+
+    ds = algo.dynamic_sampling
+    need(ds.max_extra_groups >= 0,
+         f"algorithm.dynamic_sampling.max_extra_groups={ds.max_extra_groups}: must be >= 0 (0: drop, never replace)")
+    if not ds.enabled:
+        return
+    n, m = algo.n_samples_per_prompt, algo.train_samples_per_prompt
+    need(n >= 2 and (m is None or m >= 2),
+         f"algorithm.dynamic_sampling.enabled=true drops groups whose rewards are all equal: it needs at least 2 "
+         f"trained samples a prompt (algorithm.n_samples_per_prompt={n}, algorithm.train_samples_per_prompt={m})")
+    name = algo.advantage_estimator
+    if name in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS.get(name).needs_critic:
+        need(False, f"algorithm.dynamic_sampling.enabled=true with algorithm.advantage_estimator={name}: a critic "
+                    "gives a group of equal rewards non-zero advantages, so dropping it would drop signal; "
+                    "use a group baseline (e.g. rloo, group_norm)")
+
+
 def _check_remote_reward(reward: Any, need) -> None:
     """reward.remote: each URL an http(s) address, and limits a client can work with."""
     from urllib.parse import urlparse
@@ -194,6 +217,18 @@ def reward_file_problem(reward: Any) -> str | None:
     except RewardFunctionError as exc:
         return "reward.reward_file: " + " ".join(str(exc).split())   # one line, like every problem
     return None
+
+
+def _check_sft_warmup(sft: Any, need) -> None:
+    """A CTC warm-up trains encoder and adapter through a fresh CTC head before the LM
+    trains at all: it must end before the run does, and has no place in fine-tuning."""
+    warmup = sft.ctc_warmup_steps
+    need(warmup < sft.max_steps or warmup == 0,
+         f"sft.ctc_warmup_steps={warmup} is not below sft.max_steps={sft.max_steps}: the run would end inside "
+         f"its CTC warm-up and the language model would never train (0: no warm-up)")
+    if str(sft.profile) == "finetune":
+        need(warmup == 0, f"sft.ctc_warmup_steps={warmup} with sft=finetune: a CTC warm-up through a fresh CTC "
+                          f"head retrains the audio path of a trained model; set sft.ctc_warmup_steps=0")
 
 
 def _check_wave_augment(wa: Any, key: str, need) -> None:

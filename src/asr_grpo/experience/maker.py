@@ -17,6 +17,7 @@ import ray
 import torch
 
 from asr_grpo.algorithms import downsample_groups
+from asr_grpo.algorithms.group_spread import flat_groups, group_members, is_flat
 from asr_grpo.config.schema import RunConfig, trained_per_group
 from asr_grpo.experience.advantages import estimate_advantages
 from asr_grpo.experience.types import ExperienceItem, PromptGroup, SequenceRef, check_finite
@@ -66,14 +67,19 @@ def flat_group_shares(rewards: torch.Tensor, groups: Sequence[str], labels: Sequ
     overall and per label (a group's label: its first sample's). Under a group baseline
     such a group gives every sample a zero advantage: it teaches nothing."""
     flat: dict[str, list[bool]] = {}
-    for _, members in itertools.groupby(range(len(groups)), key=groups.__getitem__):
-        idx = list(members)
-        spread = float(rewards[idx].max() - rewards[idx].min()) if len(idx) > 1 else 0.0
-        flat.setdefault(labels[idx[0]], []).append(spread <= 1e-6)
+    for _, idx in group_members(groups):
+        flat.setdefault(labels[idx[0]], []).append(is_flat(rewards[idx]))
     every = [f for fs in flat.values() for f in fs]
     out = {prefix: sum(every) / len(every)} if every else {}
     out.update({f"{prefix}/{label}": sum(fs) / len(fs) for label, fs in flat.items()})
     return out
+
+
+def sequence_refs(groups: list[PromptGroup], seqs: list[SequenceResult]) -> list[SequenceRef]:
+    """What a scorer needs of each sequence: its group's prompt and audio, its tokens."""
+    by_uid = {g.uid: g for g in groups}
+    return [SequenceRef(s.uid, by_uid[s.group].prompt_ids, s.tokens, by_uid[s.group].features,
+                        by_uid[s.group].utterance["language"]) for s in seqs]
 
 
 class KnownScores:
@@ -100,6 +106,11 @@ class ExperienceMaker:
         self._early_calls: dict[int, tuple] = {}
         self._resolved: dict[str, RewardResult] = {}
         self._call_ids = itertools.count()
+        # Dynamic sampling (`judge_groups`): the rewards of the samples of groups that stay,
+        # kept for `make`; and the groups dropped for equal rewards since the last `make`
+        # (rewards, group and language per sample), logged with its step, never trained.
+        self._judged: dict[str, RewardResult] = {}
+        self._dropped_flat: list[tuple[RewardResult, list[str], list[str]]] = []
 
     def _launch(self, group, method: str, refs: list[SequenceRef], streamed=None):
         """Score the sequences `streamed` does not cover on the role's ranks; returns a
@@ -202,8 +213,37 @@ class ExperienceMaker:
                 "keywords": [list(u["keywords"]) for u in utts], "durations": [float(u["duration"]) for u in utts],
                 "finish_reasons": [s.finish_reason for s in seqs], "sample_ids": [s.uid for s in seqs]}
 
+    def judge_groups(self, groups: list[PromptGroup], results: dict[str, list[SequenceResult]]) -> set[str]:
+        """Dynamic sampling, asked by the scheduler as groups finish: the rewards of these
+        finished groups, now; returns the uids of those whose rewards do not spread. The
+        others' rewards are kept for `make`. A group with a sample that
+        `reward.on_bad_reward=drop` removed is left to that drop."""
+        seqs = [s for g in groups for s in results[g.uid]]
+        reward = self._score_rewards(groups, seqs, sequence_refs(groups, seqs), {})
+        bad = {s.group for s, k in zip(seqs, reward.keep.tolist()) if not k}
+        flat = flat_groups(reward.total, [s.group for s in seqs]) - bad
+        dropped = [i for i, s in enumerate(seqs) if s.group in flat]
+        if dropped:
+            language = {g.uid: g.utterance["language"] or "unknown" for g in groups}
+            self._dropped_flat.append((reward.select(dropped), [seqs[i].group for i in dropped],
+                                       [language[seqs[i].group] for i in dropped]))
+        self._judged.update({s.uid: reward.select([i]) for i, s in enumerate(seqs) if s.group not in flat})
+        return flat
+
     def _score_rewards(self, groups: list[PromptGroup], seqs: list[SequenceResult], refs: list[SequenceRef],
                        streamed: dict) -> RewardResult:
+        """The rewards of `seqs`, in order: those `judge_groups` computed already, the rest now."""
+        known = {s.uid: self._judged.pop(s.uid) for s in seqs if s.uid in self._judged}
+        rest = [i for i, s in enumerate(seqs) if s.uid not in known]
+        if rest:
+            fresh = self._score_fresh_rewards(groups, [seqs[i] for i in rest], [refs[i] for i in rest], streamed)
+            if not known:
+                return fresh
+            known.update({seqs[i].uid: fresh.select([j]) for j, i in enumerate(rest)})
+        return RewardResult.cat([known[s.uid] for s in seqs])
+
+    def _score_fresh_rewards(self, groups: list[PromptGroup], seqs: list[SequenceResult], refs: list[SequenceRef],
+                             streamed: dict) -> RewardResult:
         if self.reward_model is not None:
             # The reward function takes the model-based component as an input.
             batch = self.reward_batch(groups, seqs)
@@ -219,6 +259,18 @@ class ExperienceMaker:
             early.update({s.uid: fresh.select([i]) for i, s in enumerate(rest)})
         return RewardResult.cat([early[s.uid] for s in seqs])
 
+    def _sampled_log(self, sampled: RewardResult | None, groups: list[str], languages: list[str]) -> dict[str, float]:
+        """reward/*: over every sampled transcript of the step, those of the groups
+        dynamic sampling dropped included (what the policy does, and why: the flat share)."""
+        parts = [(sampled, groups, languages)] if sampled is not None else []
+        parts += self._dropped_flat
+        self._dropped_flat = []
+        if not parts:
+            return {}
+        reward = RewardResult.cat([p[0] for p in parts])
+        groups, languages = [g for p in parts for g in p[1]], [x for p in parts for x in p[2]]
+        return {**reward.log("reward/", languages), **flat_group_shares(reward.total, groups, languages)}
+
     def make(self, groups: list[PromptGroup], results: dict[str, list[SequenceResult]],
              streamed: dict | None = None, version: int | None = None
              ) -> tuple[list[ExperienceItem], dict[str, float]]:
@@ -230,10 +282,12 @@ class ExperienceMaker:
         the samples that train, and only those are scored."""
         algo = self.cfg.algorithm
         streamed = streamed or {}
-        by_uid = {g.uid: g for g in groups}
+        if not groups:   # dynamic sampling dropped every group and reached its bound
+            log.warning("every finished group had equal rewards and algorithm.dynamic_sampling.max_extra_groups "
+                        "was reached: no update this step")
+            return [], {**self._sampled_log(None, [], []), "perf/time/scoring": 0.0}
         seqs = [s for g in groups for s in results[g.uid]]
-        refs = [SequenceRef(s.uid, by_uid[s.group].prompt_ids, s.tokens, by_uid[s.group].features,
-                            by_uid[s.group].utterance["language"]) for s in seqs]
+        refs = sequence_refs(groups, seqs)
         t0 = time.monotonic()
         self.reward_wait_s = 0.0
         num_sampled, sampled_seqs, sampled_refs = len(seqs), seqs, refs
@@ -275,9 +329,8 @@ class ExperienceMaker:
         # The reward logged is every sampled transcript's: what the policy does, whether
         # or not down-sampling trains on all of them; per language too, and the groups
         # too uniform to teach anything (where one language's learning stalls, these say why).
-        languages = [r.language or "unknown" for r in sampled_refs]
-        sampled_log = {**sampled.log("reward/", languages),
-                       **flat_group_shares(sampled.total, [s.group for s in sampled_seqs], languages)}
+        sampled_log = self._sampled_log(sampled, [s.group for s in sampled_seqs],
+                                        [r.language or "unknown" for r in sampled_refs])
         if not seqs:   # every group dropped: nothing to train on this step
             log.warning("every sampled group was dropped by reward.on_bad_reward=drop: no update this step")
             return [], {**sampled_log, **faults, "perf/time/scoring": score_s}

@@ -91,3 +91,13 @@ def wrap_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
     )
     return fast
+
+
+def qwen3_asr_tokenizer_problem(tokenizer) -> str | None:
+    """What a given tokenizer lacks for the Qwen3-ASR processor and prompt (None: nothing):
+    the audio placeholder tokens as its attributes, the role and pad tokens, a chat template."""
+    missing = [t for t in SPECIAL_TOKENS if t not in tokenizer.get_vocab()]
+    attrs = [a for a in ("audio_token", "audio_bos_token", "audio_eos_token") if not getattr(tokenizer, a, None)]
+    lacks = ([f"tokens {', '.join(missing)}"] if missing else []) + (
+        [f"attributes {', '.join(attrs)}"] if attrs else []) + ([] if tokenizer.chat_template else ["a chat template"])
+    return f"lacks {'; '.join(lacks)}" if lacks else None

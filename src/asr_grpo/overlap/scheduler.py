@@ -27,6 +27,10 @@ is awaited: `ray.get`, or the forecast's virtual clock) and `is_death` (whether 
 means a worker process died). A step runs as `groups_wanted(step)` (plans it, says how
 many new prompt groups it admits), `rollout(step, groups)`, then `end_step(step, times)`
 with what the step measured (`StepTimes`).
+
+With `dynamic_sampling` (DAPO, `dynamic_sampling.py`) a finished group whose rewards are
+all equal leaves the buffer and does not count toward B; the step admits another group in
+its place, up to a bound.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from typing import Callable, Iterable, Mapping
 
 from asr_grpo.experience.types import PromptGroup
 from asr_grpo.overlap.cost_model import CostFitter
+from asr_grpo.overlap.dynamic_sampling import DynamicSampling
 from asr_grpo.overlap.planners import MODES, StepObservation, StepPlan, make_planner, merge_decode_stats
 from asr_grpo.overlap.step_times import StepTimes
 from asr_grpo.overlap.stream_ledger import StreamedScores, StreamLedger, never_died
@@ -54,6 +59,7 @@ class BufferedGroup:
     host: int
     samples: dict[str, SequenceResult] = field(default_factory=dict)
     finished_tick: int | None = None   # decode round (of the run) in which its last sample finished
+    judged: bool = False   # dynamic sampling found its rewards spread (it counts toward B)
 
     @property
     def done(self) -> bool:
@@ -89,7 +95,8 @@ class RolloutScheduler:
                  stream_hidden_prior: float = 0.0, clock: Callable[[], float] = time.monotonic,
                  on_finished: Callable[[list[PromptGroup], list[SequenceResult]], None] | None = None,
                  recorded_plans: Mapping[int, dict] | None = None,
-                 wait: Callable[[list, float], bool] | None = None, feed: FeedSink | None = None):
+                 wait: Callable[[list, float], bool] | None = None, feed: FeedSink | None = None,
+                 dynamic_sampling: DynamicSampling | None = None):
         self.mode = overlap_cfg.mode
         if self.mode not in MODES:
             raise ValueError(f"overlap.mode={self.mode!r}: expected one of {', '.join(MODES)}")
@@ -120,7 +127,8 @@ class RolloutScheduler:
         self.buffer: list[BufferedGroup] = []
         self.round = 0   # decode calls so far
         self.tick = 0    # decode rounds (one token for every live sequence) so far
-        self.counts = {"groups_entered": 0, "groups_trained": 0}
+        self.counts = {"groups_entered": 0, "groups_trained": 0, "groups_dropped": 0}
+        self.dynamic = dynamic_sampling
         self._plan: StepPlan | None = None
         self._planned: tuple[int, float, float] | None = None   # (step, clock, wall clock) when planned
         self._step_info: dict = {}
@@ -166,6 +174,9 @@ class RolloutScheduler:
         admitted = list(new_groups)
         if admitted:
             self._admit(admitted)
+        if self.dynamic is not None:
+            self.dynamic.begin_step()
+            self._drop_flat(step, admitted)   # carried groups that finished unjudged (a resume)
         rounds = ticks = rows = 0
         # Finished sequences sent to the reward before the decode's last call ended (by
         # the feed, or after an earlier call), and what the latest call's end sent.
@@ -195,6 +206,7 @@ class RolloutScheduler:
             if self.feeds:   # what the feed has not sent yet
                 sent_early += sent_last
                 sent_last = self.streams.send_finished(touched, {e.group.uid: e.group for e in self.buffer})
+            self._drop_flat(step, admitted)
         t_decoded = self._clock()
         chosen = self._select()
         waiting = {s.uid for e in self.buffer for s in e.samples.values() if s.done}
@@ -219,6 +231,8 @@ class RolloutScheduler:
                    **staleness_histogram(staleness)}
         if plan.predicted_s is not None:
             metrics["overlap/predicted_step_s"] = plan.predicted_s
+        if self.dynamic is not None:
+            metrics.update(self.dynamic.metrics(len(chosen)))
         out.metrics = metrics
         return out
 
@@ -274,7 +288,7 @@ class RolloutScheduler:
         world = self.hosts.world_size
         if not self.overcommit:
             return [None] * world
-        needed = self.B - sum(e.done for e in self.buffer)
+        needed = self._target() - sum(e.done for e in self.buffer)
         open_by_host = [sum(1 for e in self.buffer if e.host == h and not e.done) for h in range(world)]
         total = max(1, sum(open_by_host))
         # Largest remainder: the quotas add up to exactly what is needed (rounding every
@@ -342,9 +356,38 @@ class RolloutScheduler:
                            f"(e.g. {', '.join(lost[:4])}): a host dropped them. Restart the run from its last "
                            "checkpoint (trainer.resume=true); the checkpoint holds their tokens")
 
+    def _target(self) -> int:
+        """The finished groups an overcommit step waits for: B, or every group left in
+        the buffer where dynamic sampling dropped more than its bound let it replace."""
+        return min(self.B, len(self.buffer))
+
     def _enough(self) -> bool:
         finished = sum(e.done for e in self.buffer)
-        return finished >= self.B if self.overcommit else finished == len(self.buffer)
+        return finished >= self._target() if self.overcommit else finished == len(self.buffer)
+
+    def _drop_flat(self, step: int, admitted: list[PromptGroup]) -> None:
+        """Dynamic sampling: ask about the groups that finished since the last call; those
+        whose rewards do not spread leave the buffer (never trained, never carried, their
+        streamed scores discarded) and new groups are admitted in their place, within the
+        step's bound (`admitted` records them with the step's other admissions)."""
+        if self.dynamic is None:
+            return
+        fresh = [e for e in self.buffer if e.done and not e.judged]
+        if not fresh:
+            return
+        flat = self.dynamic.judge([e.group for e in fresh], {e.group.uid: e.results() for e in fresh})
+        for e in fresh:
+            e.judged = True
+        dropped = [e for e in fresh if e.group.uid in flat]
+        if not dropped:
+            return
+        self.buffer = [e for e in self.buffer if e.group.uid not in flat]
+        self.streams.drop([s.uid for e in dropped for s in e.samples.values()])
+        self.counts["groups_dropped"] += len(dropped)
+        extra = self.dynamic.replace(len(dropped), step)
+        if extra:
+            self._admit(extra)
+            admitted.extend(extra)
 
     def _record(self, touched: list[SequenceResult], gained: dict[str, int]) -> None:
         by_uid = {e.group.uid: e for e in self.buffer}
@@ -365,7 +408,10 @@ class RolloutScheduler:
         order); FIFO for the rest."""
         position = {id(e): i for i, e in enumerate(self.buffer)}
         finished = sorted((e for e in self.buffer if e.done), key=lambda e: (e.finished_tick, position[id(e)]))
-        chosen = finished[:self.B] if self.overcommit else finished
+        take = self.B if self.overcommit else len(finished)
+        if self.dynamic is not None:   # short of B: what divides over the ranks; the rest waits
+            take = self.dynamic.batch_size(min(take, len(finished)), self.B)
+        chosen = finished[:take]
         ids = {id(e) for e in chosen}
         self.buffer = [e for e in self.buffer if id(e) not in ids]
         chosen.sort(key=lambda e: (e.finished_tick, e.group.entered_step))
@@ -378,18 +424,19 @@ class RolloutScheduler:
                 "planner": self.planner.state_dict(),
                 "buffer": [{"uid": e.group.uid, "item_index": e.group.item_index,
                             "entered_step": e.group.entered_step, "host": e.host,
-                            "finished_tick": e.finished_tick,
+                            "finished_tick": e.finished_tick, "judged": e.judged,
                             "samples": {u: dataclasses.asdict(s) for u, s in e.samples.items()}}
                            for e in self.buffer]}
 
     def load_state_dict(self, state: dict, rebuild: Callable[[dict], PromptGroup]) -> None:
         """Restore the buffer; unfinished sequences go back to their hosts with their
         partial tokens. `rebuild(entry)` makes a PromptGroup from a saved buffer entry."""
-        self.round, self.tick, self.counts = state["round"], state.get("tick", 0), dict(state["counts"])
+        self.round, self.tick = state["round"], state.get("tick", 0)
+        self.counts = {**self.counts, **state["counts"]}
         self.planner.load_state_dict(state["planner"])
         self.buffer = [BufferedGroup(rebuild(saved), saved["host"] % self.hosts.world_size,
                                      {u: SequenceResult(**s) for u, s in saved["samples"].items()},
-                                     saved["finished_tick"])
+                                     saved["finished_tick"], saved.get("judged", False))
                        for saved in state["buffer"]]
         per_host = [self._unfinished([e for e in self.buffer if e.host == h]) for h in range(self.hosts.world_size)]
         self._get([self.hosts.call_rank(h, "resume_sequences", reqs, parts)

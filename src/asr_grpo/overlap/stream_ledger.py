@@ -37,10 +37,11 @@ class StreamedScores:
 
     def __init__(self, uids: set[str], pending: list, known: dict[str, torch.Tensor] | None = None,
                  stash: dict[str, torch.Tensor] | None = None, *, resolve: Callable,
-                 is_death: Callable[[BaseException], bool] = never_died):
+                 is_death: Callable[[BaseException], bool] = never_died, discard: frozenset[str] = frozenset()):
         self.uids, self._pending, self._scores = uids | set(known or {}), pending, None
         self._resolve, self._is_death = resolve, is_death
         self._known, self._stash = dict(known or {}), stash
+        self._discard = discard   # sequences of dropped groups: never stashed
         self.lost_calls = 0   # calls a scorer restart lost: their sequences are missing from get()
 
     def get(self) -> dict[str, torch.Tensor]:
@@ -56,7 +57,7 @@ class StreamedScores:
             if self.lost_calls:
                 log.warning("a streaming scorer restarted: %d of its calls were lost", self.lost_calls)
             if self._stash is not None:
-                self._stash.update({u: v for u, v in merged.items() if u not in self.uids})
+                self._stash.update({u: v for u, v in merged.items() if u not in self.uids and u not in self._discard})
             self._scores = {u: merged[u] for u in self.uids if u in merged}
         return self._scores
 
@@ -84,6 +85,7 @@ class StreamLedger:
         self._finishing: dict[str, set[str]] = {name: set() for name in self.scorers}
         self._stash: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self.frozen}
         self._streamed_done: dict[str, set[str]] = {name: set() for name in self.scorers}
+        self._dropped: set[str] = set()   # this step's sequences of dropped groups
 
     @property
     def active(self) -> bool:
@@ -142,6 +144,19 @@ class StreamLedger:
         self.on_finished(list({r.group: groups[r.group] for r in finished}.values()), finished)
         return len(finished)
 
+    def drop(self, uids: list[str]) -> None:
+        """Finished sequences of groups that will never train (dynamic sampling dropped
+        them): forget them everywhere; their scores, in calls already sent, are discarded."""
+        gone = set(uids)
+        self._dropped |= gone
+        self._sent -= gone
+        for name in self.scorers:
+            self._finishing[name] -= gone
+            self._streamed_done[name] -= gone
+        for stash in self._stash.values():
+            for u in gone & set(stash):
+                del stash[u]
+
     def hand_over(self, uids: list[str], waiting: set[str]) -> dict[str, StreamedScores]:
         """This step's scorer calls go to the experience maker, for the trained sequences
         `uids`. Sequences that finished during this step are covered, and for frozen
@@ -161,11 +176,13 @@ class StreamLedger:
             self.rescored += sum(u in done and u not in finishing and u not in known for u in uids)
             done.difference_update(uids)
             out[name] = StreamedScores({u for u in uids if u in finishing}, self._pending[name],
-                                       known, stash, resolve=self._resolve, is_death=self._is_death)
+                                       known, stash, resolve=self._resolve, is_death=self._is_death,
+                                       discard=frozenset(self._dropped))
         # Kept scores no carried group still waits for (a scorer restart, a drop) go.
         for stash in self._stash.values():
             for u in [u for u in stash if u not in waiting]:
                 del stash[u]
         self._pending = {name: [] for name in self.scorers}
         self._finishing = {name: set() for name in self.scorers}
+        self._dropped = set()
         return out

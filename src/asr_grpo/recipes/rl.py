@@ -38,6 +38,7 @@ from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.experience.sync_check import check_sequences, check_weight_sync
 from asr_grpo.models import load_processor
 from asr_grpo.models import step_checkpoints as ckpt
+from asr_grpo.overlap.dynamic_sampling import DynamicSampling
 from asr_grpo.overlap.planners import MODES, plan_record
 from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
 from asr_grpo.overlap.step_times import StepTimes
@@ -71,15 +72,16 @@ def optimizer_steps_per_rl_step(cfg) -> int:
 class TrainedStep:
     """One finished RL step, as the recipe's step callbacks see it."""
     step: int
-    rollout: StepRollout            # the B groups trained on: samples, streamed scores, admitted uids
+    rollout: StepRollout            # the groups trained on (B; fewer where dynamic sampling hit its bound)
     items: list                     # the ExperienceItems the update used (dropped groups left out)
     metrics: dict[str, float]       # what the step logs
 
 
 class RLRecipe:
     def __init__(self, cfg: RunConfig | DictConfig, run_name: str = "rl", tags: dict | None = None,
-                 step_callbacks: list[Callable[[TrainedStep], None]] | None = None):
+                 step_callbacks: list[Callable[[TrainedStep], None]] | None = None, overrides: str = ""):
         self.cfg, self.run_name = cfg, run_name
+        self.overrides = overrides   # the command line's, logged as a param (the run name is short)
         self.tags = dict(tags or {})   # extra MLflow tags (a sweep job's sweep and parent run)
         # Called after every step with what it trained on (inspection, custom logging).
         self.step_callbacks = list(step_callbacks or [])
@@ -164,10 +166,19 @@ class RLRecipe:
                                           frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg),
                                           on_finished=self.maker.submit_finished if feeds else None,
                                           recorded_plans=recorded_plans, wait=ray_calls_ended,
-                                          feed=self.feed)
+                                          feed=self.feed, dynamic_sampling=self._dynamic_sampling())
         self.placement = {g.role: g.placement_report() for g in self.groups}
         self._pids = {g.role: g.pids() for g in self.groups if g.restartable}
         self.restarts = {role: 0 for role in self._pids}
+
+    def _dynamic_sampling(self) -> DynamicSampling | None:
+        """algorithm.dynamic_sampling: the scheduler asks the experience maker which finished
+        groups have equal rewards and draws their replacements from the prompt sampler."""
+        ds = self.cfg.algorithm.dynamic_sampling
+        if not ds.enabled:
+            return None
+        return DynamicSampling(self.maker.judge_groups, self._new_groups, ds.max_extra_groups,
+                               group_multiple=self.cfg.placement.actor_num_ranks)
 
     # ---- weight sync (separate HF rollout workers, vLLM engines) ----------------------------
     def _join_weight_sync(self) -> None:
@@ -403,7 +414,7 @@ class RLRecipe:
                              "algorithm": cfg.algorithm.name, **self.tags}) as tracker:
             if not resumed:
                 tracker.log_summary(self.placement, "placement.json")
-                tracker.log_params(placement_params(self.placement))
+                tracker.log_params({**placement_params(self.placement), "overrides": self.overrides})
                 first = self.evaluate()
                 tracker.log_metrics({f"eval/{k}": v for k, v in first.items()}, step=0)
                 summary["eval_before"] = first
@@ -411,6 +422,7 @@ class RLRecipe:
             bar = tqdm(range(start, cfg.trainer.steps), desc="rl", dynamic_ncols=True,
                        initial=start, total=cfg.trainer.steps)
             last_eval: dict[str, float] = {}
+            shown = summary.get("eval_before", {})   # the bar's CER: the last evaluated, or none yet
             stop = stop_signals()
             # SIGTERM / SIGINT (recipes/stop.py): between steps a signal is noted, and the loop
             # ends at the next step boundary; the step in flight gets the grace period.
@@ -422,7 +434,7 @@ class RLRecipe:
                             done = step + 1
                             last = done == cfg.trainer.steps or out_of_time(cfg.trainer.max_minutes, t_start)
                             if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or last):
-                                last_eval = self.evaluate()
+                                last_eval = shown = self.evaluate()
                                 metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
                                 # An evaluation that used up the budget is the run's last: another step
                                 # would end in a second evaluation of nearly the same weights.
@@ -441,7 +453,7 @@ class RLRecipe:
                             tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
                             log_plans(self.plans)
                     bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}",
-                                    cer=f"{last_eval.get('cer', float('nan')):.3f}",
+                                    **({"cer": f"{shown['cer']:.3f}"} if "cer" in shown else {}),
                                     step_s=f"{metrics['perf/time/step']:.1f}")
                     self.step = done
                     if stopping:
@@ -498,5 +510,5 @@ def placement_params(report: dict) -> dict[str, str]:
 
 
 def run_rl(cfg: RunConfig | DictConfig, run_name: str = "rl", tags: dict | None = None,
-           step_callbacks: list[Callable[[TrainedStep], None]] | None = None) -> dict:
-    return run_recipe(RLRecipe(cfg, run_name, tags, step_callbacks))
+           step_callbacks: list[Callable[[TrainedStep], None]] | None = None, overrides: str = "") -> dict:
+    return run_recipe(RLRecipe(cfg, run_name, tags, step_callbacks, overrides))

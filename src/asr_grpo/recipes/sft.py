@@ -23,15 +23,15 @@ from asr_grpo.evaluation import evaluate_dataset, evaluation_sets, metrics_of_se
 from asr_grpo.models import (
     IGNORE_INDEX,
     audio_encoder,
-    checkpoint_problem,
     encode_supervised,
     fresh_model,
     load_model,
-    parameter_counts,
     save_hf_checkpoint,
+    set_audio_encoder_frozen,
 )
 from asr_grpo.models.ctc import CTCHead
 from asr_grpo.recipes.batching import length_grouped_batches
+from asr_grpo.recipes.sft_start import check_model_path, profile_problem, starts_from_checkpoint
 from asr_grpo.tracking import MlflowRun
 
 log = logging.getLogger(__name__)
@@ -65,24 +65,6 @@ def set_frontend_memory_format(model, memory_format: torch.memory_format) -> Non
         conv.to(memory_format=memory_format)
 
 
-def is_sft_output(cfg) -> bool:
-    """`model.path` names SFT's own output folder (the RL config's default)."""
-    return bool(cfg.model.path) and Path(cfg.model.path).resolve() == Path(cfg.sft.output_dir).resolve()
-
-
-def starts_from_checkpoint(cfg) -> bool:
-    """SFT fine-tunes `model.path` when one is given, other than its own output folder
-    (the RL config points `model.path` there: SFT then builds that checkpoint)."""
-    return bool(cfg.model.path) and cfg.model.init == "pretrained" and not is_sft_output(cfg)
-
-
-def check_model_path(cfg) -> None:
-    """A `model.path` that cannot load is the user's to fix: a ConfigError naming it and why."""
-    problem = checkpoint_problem(cfg.model.path)
-    if problem is not None:
-        raise ConfigError(f"model.path={cfg.model.path!r}: {problem}")
-
-
 class SFTRecipe:
     def __init__(self, cfg: RunConfig | DictConfig):
         self.cfg = cfg
@@ -95,6 +77,8 @@ class SFTRecipe:
         torch.set_num_threads(cfg.sft.num_threads)
         if starts_from_checkpoint(cfg):   # before the corpus is built: a wrong path fails at once
             check_model_path(cfg)
+        if (problem := profile_problem(cfg)) is not None:
+            raise ConfigError(problem)
         manifests = resolve_manifests(cfg.data, self.output_root)
         self.train_set = AsrDataset(manifests.train, cfg.data, split="train")
         self.eval_sets = evaluation_sets(manifests, cfg.data)   # dev (+ held-out voices)
@@ -108,12 +92,13 @@ class SFTRecipe:
         self.tokenizer = self.processor.tokenizer
         self.model.train()
         set_frontend_memory_format(self.model, torch.channels_last)
-        self.counts = parameter_counts(self.model)
+        self.counts = set_audio_encoder_frozen(self.model, not cfg.sft.train_audio_encoder)
         self.eos_id = self.tokenizer.eos_token_id
         needs_ctc = cfg.sft.ctc_weight > 0 or cfg.sft.ctc_warmup_steps > 0
         frame_dim = self.model.config.audio_config.output_dim   # the adapter's output: the LM's width
         self.ctc = CTCHead(frame_dim, len(self.tokenizer)) if needs_ctc else None
-        self.params = list(self.model.parameters()) + (list(self.ctc.parameters()) if self.ctc else [])
+        self.params = [p for p in self.model.parameters() if p.requires_grad] + (
+            list(self.ctc.parameters()) if self.ctc else [])
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
         self.scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             self.optimizer, num_warmup_steps=cfg.sft.warmup_steps, num_training_steps=cfg.sft.max_steps,
@@ -198,6 +183,10 @@ class SFTRecipe:
                     break
             epoch += 1
         bar.close()
+        if 0 < step <= cfg.ctc_warmup_steps:   # sft.max_minutes ended it: nothing would train the LM
+            raise ConfigError(f"SFT stopped at step {step} of its {cfg.ctc_warmup_steps}-step CTC warm-up "
+                              f"(sft.max_minutes={cfg.max_minutes:g}): the language model never trained and "
+                              f"no checkpoint was saved; raise sft.max_minutes or lower sft.ctc_warmup_steps")
         self.steps_done = step
         self.train_seconds = time.monotonic() - start
         return {"steps": step, "train_seconds": self.train_seconds}
@@ -234,13 +223,19 @@ def run_sft(cfg: RunConfig | DictConfig) -> dict:
     recipe = SFTRecipe(cfg)
     t0 = time.monotonic()
     recipe.setup()   # data and model checked before the MLflow run opens: a bad input leaves no FAILED run
-    with MlflowRun(cfg.logger, run_name="sft", config=cfg, tags={"stage": "sft"}) as tracker:
+    with MlflowRun(cfg.logger, run_name=f"sft-{cfg.sft.profile}", config=cfg,
+                   tags={"stage": "sft", "sft_profile": str(cfg.sft.profile)}) as tracker:
         tracker.log_metrics({k: float(v) for k, v in recipe.counts.as_dict().items()}, step=0)
+        before = {}
+        if str(cfg.sft.profile) == "finetune":   # what the start already reads, to compare with
+            before = recipe.evaluate()
+            tracker.log_metrics({f"eval/{k}": v for k, v in before.items()}, step=0)
         timings = recipe.train(tracker)
         dev = recipe.evaluate()
         tracker.log_metrics({f"eval/{k}": v for k, v in dev.items()}, step=recipe.steps_done)
         path = recipe.save(dev)
-        summary = {"checkpoint": str(path), "dev": dev, **timings, **recipe.counts.as_dict(),
+        summary = {"checkpoint": str(path), "profile": str(cfg.sft.profile), "dev": dev,
+                   **({"dev_before": before} if before else {}), **timings, **recipe.counts.as_dict(),
                    "total_seconds": time.monotonic() - t0, "mlflow_run_id": tracker.run_id}
         tracker.log_summary(summary)
     return summary

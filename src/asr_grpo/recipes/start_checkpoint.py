@@ -16,16 +16,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from asr_grpo.data import AsrDataset, resolve_manifests
+from asr_grpo.data import resolve_manifests
 from asr_grpo.data.manifest import manifest_digest
-from asr_grpo.models import (
-    checkpoint_metadata,
-    checkpoint_problem,
-    fresh_model,
-    is_complete_checkpoint,
-    save_hf_checkpoint,
-)
-from asr_grpo.recipes.sft import check_model_path, is_sft_output, run_sft
+from asr_grpo.models import checkpoint_metadata, checkpoint_problem, is_complete_checkpoint
+from asr_grpo.recipes.fresh_checkpoint import corpus_texts, write_fresh_checkpoint
+from asr_grpo.recipes.sft import run_sft
+from asr_grpo.recipes.sft_start import check_model_path, is_sft_output
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +42,9 @@ def build_fresh_weights(cfg) -> Path:
     path = fresh_weights_dir(cfg)
     if is_complete_checkpoint(path):
         return path
-    manifests = resolve_manifests(cfg.data, cfg.paths.output_root)
-    utts = AsrDataset(manifests.train, cfg.data, split="train").utterances
-    model, processor = fresh_model(cfg.model, [u.text for u in utts], seed=cfg.seed,
-                                   languages=[u.language for u in utts])
+    texts, languages = corpus_texts(cfg.data, cfg.paths.output_root)
     log.info("model.init=random: fresh weights saved to %s", path)
-    return save_hf_checkpoint(model, processor, path, {"init": "random"})
+    return write_fresh_checkpoint(cfg.model, path, cfg.seed, texts, languages)
 
 
 def other_training_data_problem(cfg, metadata: dict) -> str | None:

@@ -18,8 +18,10 @@ from asr_grpo.config.schema import LoggerConfig
 
 log = logging.getLogger(__name__)
 
-# MLflow caps a param value at 6000 chars; long lists are truncated, the full config is an artifact.
+# MLflow caps a param value at 6000 chars; the config's long lists are cut at 500 (the full
+# config is an artifact), a param logged by name (e.g. the command's overrides) at the cap.
 _MAX_PARAM_LEN = 500
+_MLFLOW_PARAM_CAP = 6000
 
 
 def flatten_config(cfg: DictConfig | Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -166,7 +168,7 @@ class MlflowRun:
         mlflow.log_text(json.dumps(summary, indent=2, sort_keys=True, default=str), name)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        mlflow.log_params({k: str(v)[:_MAX_PARAM_LEN] for k, v in params.items()})
+        mlflow.log_params({k: str(v)[:_MLFLOW_PARAM_CAP] for k, v in params.items()})
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         mlflow.set_tags({k: str(v) for k, v in tags.items()})

@@ -1,0 +1,59 @@
+"""Where SFT starts, and which SFT recipe fits the start: `sft=default` (profile `scratch`) trains fresh weights,
+`sft=finetune` a trained checkpoint. The from-scratch recipe (a CTC warm-up through a
+fresh CTC head, a learning rate of 1e-3 order, a trainable encoder, waveform
+perturbation) would damage a trained model; the fine-tuning one cannot teach fresh
+weights to listen."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from asr_grpo.config.errors import ConfigError
+
+
+def is_sft_output(cfg) -> bool:
+    """`model.path` names SFT's own output folder (the RL config's default)."""
+    return bool(cfg.model.path) and Path(cfg.model.path).resolve() == Path(cfg.sft.output_dir).resolve()
+
+
+def starts_from_checkpoint(cfg) -> bool:
+    """SFT fine-tunes `model.path` when one is given, other than its own output folder
+    (the RL config points `model.path` there: SFT then builds that checkpoint)."""
+    return bool(cfg.model.path) and cfg.model.init == "pretrained" and not is_sft_output(cfg)
+
+
+def check_model_path(cfg) -> None:
+    """A `model.path` that cannot load is the user's to fix: a ConfigError naming it and why."""
+    from asr_grpo.models import checkpoint_problem  # torch and transformers: only once needed
+
+    problem = checkpoint_problem(cfg.model.path)
+    if problem is not None:
+        raise ConfigError(f"model.path={cfg.model.path!r}: {problem}")
+
+
+def starts_trained(cfg) -> bool:
+    """SFT starts from trained weights: any checkpoint that loads but `model.init=random`'s
+    fresh ones (a folder of this project's marks them; a foreign folder or hub id counts
+    as trained). One that cannot load is `check_model_path`'s to report."""
+    from asr_grpo.models import checkpoint_metadata, checkpoint_problem, is_complete_checkpoint
+
+    if not starts_from_checkpoint(cfg) or checkpoint_problem(cfg.model.path) is not None:
+        return False
+    path = Path(cfg.model.path)
+    if path.is_dir() and is_complete_checkpoint(path):
+        return checkpoint_metadata(path).get("init") != "random"
+    return True
+
+
+def profile_problem(cfg) -> str | None:
+    """Why `cfg.sft`'s profile does not fit where SFT starts (None: it fits)."""
+    sft, trained = cfg.sft, starts_trained(cfg)
+    if trained and str(sft.profile) == "scratch":
+        return (f"model.path={cfg.model.path} is a trained checkpoint, but sft=default is the recipe for fresh "
+                f"weights ({sft.ctc_warmup_steps}-step CTC warm-up through a fresh CTC head, lr {sft.lr:g}, "
+                f"trainable audio encoder, waveform perturbation), which would damage it: use sft=finetune "
+                f"(the fine-tuning profile: no CTC warm-up, low lr, frozen encoder, no perturbation)")
+    if not trained and str(sft.profile) == "finetune":
+        return ("sft=finetune fine-tunes a trained checkpoint, but this SFT starts from fresh weights (no "
+                "model.path, its own output folder, or model.init=random): use sft=default, the recipe for "
+                "fresh weights (or name a trained checkpoint with model.path=...)")
+    return None
