@@ -151,6 +151,7 @@ def main() -> None:
     ap.add_argument("--rl-steps", type=int, default=3)
     ap.add_argument("--rows", default="1,8,64", help="live rows to time a decode round at")
     ap.add_argument("--stage-timeout-s", type=float, default=1800)
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode-round profile")
     args = ap.parse_args()
     out = Path(args.out or REPO / "bench" / "results" / "cpu_2core_full_size")
     out.mkdir(parents=True, exist_ok=True)
@@ -183,8 +184,10 @@ def main() -> None:
         if rl_ckpts:
             stages["rl"]["checkpoint_gib"] = round(folder_bytes(rl_ckpts[-1]) / 1024 ** 3, 2)
     profile = work / "profile.json"
-    stages["decode"] = run_stage("decode", [py, str(REPO / "bench" / "gpu_profile.py"), "--shape", args.model,
-                                            "--rows", args.rows, "--out", str(profile)], work, args.stage_timeout_s)
+    if not args.no_decode:
+        stages["decode"] = run_stage("decode", [py, str(REPO / "bench" / "gpu_profile.py"), "--shape", args.model,
+                                                "--rows", args.rows, "--out", str(profile)], work,
+                                     args.stage_timeout_s)
     if profile.is_file():
         stages["decode"]["profile"] = json.loads(profile.read_text())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)

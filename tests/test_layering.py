@@ -29,7 +29,7 @@ LAYERS = [
     {"forecast"},
     {"workers"},
     {"recipes"},
-    {"run", "sft", "compare", "sweep"},
+    {"run", "sft", "compare", "sweep", "init_checkpoint"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -71,7 +71,7 @@ def test_broadcast_and_dispatch():
     close(estimate("reinforce_baseline"), [[-1, -1, 0], [1, 0, 0], [0, 0, 0], [0, 0, 0]])
     assert estimate("group_norm").shape == (4, 3)
     with pytest.raises(ValueError, match="algorithm.advantage_estimator=ppo: "
-                                         "expected one of group_norm, rloo, reinforce_baseline, gae"):
+                                         "expected one of group_norm, rloo, reinforce_baseline, dr_grpo, gae"):
         ADVANTAGE_ESTIMATORS.get("ppo")
 
 
@@ -79,7 +79,27 @@ def test_what_each_estimator_needs_is_registered_with_it():
     needs = {name: (e.min_group_size, e.needs_critic, e.kl_in_reward)
              for name, e in ADVANTAGE_ESTIMATORS.items()}
     assert needs == {"group_norm": (2, False, False), "rloo": (2, False, False),
-                     "reinforce_baseline": (1, False, False), "gae": (1, True, True)}
+                     "reinforce_baseline": (1, False, False), "dr_grpo": (2, False, False),
+                     "gae": (1, True, True)}
+
+
+def test_dr_grpo_is_the_group_mean_baseline_without_std_scaling():
+    """Against a plain loop over random groups of ragged sequences, one group all equal."""
+    g = torch.Generator().manual_seed(0)
+    n, n_groups, width = 4, 3, 5
+    scores = torch.rand(n * n_groups, generator=g, dtype=torch.float64)
+    scores[n:2 * n] = 0.7
+    lengths = torch.randint(1, width + 1, (n * n_groups,), generator=g)
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    adv, returns = ADVANTAGE_ESTIMATORS.get("dr_grpo").fn(AdvantageInput(scores, mask, group_size=n))
+    assert returns is None
+    expected = torch.zeros(n * n_groups, width, dtype=torch.float64)
+    for start in range(0, n * n_groups, n):
+        members = scores[start:start + n].tolist()
+        for i, r in enumerate(members):
+            expected[start + i, :int(lengths[start + i])] = r - sum(members) / n
+    close(adv, expected, atol=1e-12)
+    assert not adv[n:2 * n].any()   # the all-equal group teaches nothing
 
 
 def test_gae_estimator_puts_the_kl_in_the_reward_and_whitens():

@@ -38,9 +38,21 @@ MASK = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])  # ragged + one empty row
     ("token_mean", (1 + 2 + 3 + 4) / 4),
     ("seq_mean_token_mean", (6 / 3 + 4 / 1) / 2),  # empty row skipped
     ("seq_mean_token_sum", (6 + 4) / 2),
+    ("seq_mean_token_sum_norm", (6 + 4) / 2 / 8),  # Dr. GRPO: over the constant 8, not the lengths
 ])
 def test_aggregate_modes(mode, expected):
-    close(aggregate_loss(LOSS, MASK, mode), expected)
+    close(aggregate_loss(LOSS, MASK, mode, norm_tokens=8), expected)
+
+
+def test_the_constant_normaliser_weighs_every_token_alike_whatever_its_sequences_length():
+    # One token's gradient is 1 / (rows * norm_tokens) in a 1-token and in a 3-token sequence,
+    # where seq_mean_token_mean would give the short sequence's token 3x the weight.
+    loss_mat = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    aggregate_loss(loss_mat, mask, "seq_mean_token_sum_norm", norm_tokens=16).backward()
+    close(loss_mat.grad, mask / (2 * 16))
+    with pytest.raises(ValueError, match="norm_tokens"):
+        aggregate_loss(LOSS, MASK, "seq_mean_token_sum_norm")
 
 
 def test_aggregate_unknown_mode_and_masked_helpers():

@@ -90,8 +90,8 @@ def test_a_choice_outside_its_set_fails_at_composition_listing_the_options(key, 
 
 
 @pytest.mark.parametrize("key,names", [
-    ("algorithm.advantage_estimator", "group_norm, rloo, reinforce_baseline, gae"),
-    ("algorithm.policy_loss", "ppo_clip"),
+    ("algorithm.advantage_estimator", "group_norm, rloo, reinforce_baseline, dr_grpo, gae"),
+    ("algorithm.policy_loss", "ppo_clip, gspo, gspo_token, mwer"),
     ("overlap.controller", "fixed, trial, cost_model"),
     ("rollout.engine", "hf, vllm"),
 ])
@@ -114,6 +114,30 @@ def test_a_reward_weight_must_name_a_registered_component(tmp_path):
     own = tmp_path / "loud.py"
     own.write_text("def reward_func(queries, prompts, labels, **kwargs):\n    return [0.0] * len(queries)\n")
     validate_config(_compose(overrides=["+reward.weights.loudness=1.0", f"reward.reward_file={own}"]))
+
+
+def test_the_score_component_must_be_one_the_reward_computes():
+    import asr_grpo.rewards  # noqa: F401  (registers the components)
+
+    with pytest.raises(ConfigError, match="algorithm.score_component=loudness: not a reward component; "
+                                          "registered: cer, keyword, language, smoothness"):
+        validate_config(_compose(overrides=["algorithm.score_component=loudness"]))
+    validate_config(_compose(overrides=["algorithm.score_component=keyword"]))
+
+
+def test_the_objectives_compose_by_name():
+    dr = _compose(overrides=["algorithm=dr_grpo"]).algorithm
+    assert (dr.name, dr.advantage_estimator, dr.loss_agg, dr.policy_loss) == \
+        ("dr_grpo", "dr_grpo", "seq_mean_token_sum_norm", "ppo_clip")
+    mwer = _compose(overrides=["algorithm=mwer"]).algorithm
+    assert (mwer.policy_loss, mwer.advantage_estimator, mwer.score_component, mwer.use_critic) == \
+        ("mwer", "dr_grpo", "cer", False)
+    # Both start from GRPO's recipe: what is not the objective stays the same.
+    grpo = _compose(overrides=["algorithm=grpo"]).algorithm
+    for key in ("n_samples_per_prompt", "train_samples_per_prompt", "temperature", "kl_coef"):
+        assert dr[key] == mwer[key] == grpo[key], key
+    validate_config(_compose(overrides=["algorithm.policy_loss=gspo"]))
+    validate_config(_compose(overrides=["algorithm=ppo", "algorithm.policy_loss=gspo_token"]))   # per-token GAE fits
 
 
 def test_group_file_with_unknown_key_is_rejected(tmp_path):
@@ -146,6 +170,18 @@ def test_group_file_with_unknown_key_is_rejected(tmp_path):
      "samples a prompt (algorithm.n_samples_per_prompt=1, algorithm.train_samples_per_prompt=8)"),
     (["algorithm=ppo", "algorithm.dynamic_sampling.enabled=true"],
      "algorithm.dynamic_sampling.enabled=true with algorithm.advantage_estimator=gae: a critic"),
+    (["algorithm=ppo", "algorithm.policy_loss=gspo"],
+     "algorithm.policy_loss=gspo takes one advantage per sequence and no critic: set algorithm.use_critic=false"),
+    (["algorithm=ppo", "algorithm.policy_loss=mwer"], "algorithm.policy_loss=mwer takes one advantage per sequence"),
+    (["algorithm=mwer", "algorithm.advantage_estimator=group_norm"],
+     "algorithm.policy_loss=mwer needs algorithm.advantage_estimator in dr_grpo, reinforce_baseline (got group_norm)"),
+    (["algorithm=mwer", "trainer.micro_batch_size=3", "algorithm.n_samples_per_prompt=4"],
+     "needs trainer.micro_batch_by_group=true and trainer.micro_batch_size (got 3) a multiple of the 4 samples"),
+    (["algorithm=mwer", "trainer.micro_batch_by_group=false"], "needs trainer.micro_batch_by_group=true"),
+    (["algorithm=mwer", "algorithm.stale_is_correction=true"],
+     "algorithm.policy_loss=mwer takes no importance weights: set algorithm.stale_is_correction=false"),
+    (["algorithm.gspo_eps_clip_low=0"], "algorithm.gspo_eps_clip_low=0.0 / gspo_eps_clip_high=0.0004: must be > 0"),
+    (["algorithm=mwer", "algorithm.mwer_logp_scale=0"], "algorithm.mwer_logp_scale=0.0: must be > 0"),
     (["sft.wave_augment.speed_prob=1.5"], "sft.wave_augment.speed_prob=1.5: must be in [0, 1]"),
     (["sft.wave_augment.speed_min=1.2", "sft.wave_augment.speed_max=1.1"], "speed_min=1.2, speed_max=1.1"),
     (["sft.wave_augment.babble_talkers=0"], "sft.wave_augment.babble_talkers=0"),

@@ -60,4 +60,4 @@ def test_unregistered_it_is_a_one_line_error_listing_the_estimators(tmp_path):
     with pytest.raises(ConfigError) as err:
         validate_config(compose_cfg(tmp_path, "algorithm.advantage_estimator=test_sign"))
     assert str(err.value) == ("invalid configuration: algorithm.advantage_estimator=test_sign: "
-                              "expected one of group_norm, rloo, reinforce_baseline, gae")
+                              "expected one of group_norm, rloo, reinforce_baseline, dr_grpo, gae")

@@ -36,4 +36,4 @@ def test_an_unregistered_loss_is_a_one_line_error_listing_the_losses(tmp_path):
     with pytest.raises(ConfigError) as err:
         validate_config(compose_cfg(tmp_path, "algorithm.policy_loss=test_reinforce"))
     assert str(err.value) == ("invalid configuration: algorithm.policy_loss=test_reinforce: "
-                              "expected one of ppo_clip")
+                              "expected one of ppo_clip, gspo, gspo_token, mwer")

@@ -3,6 +3,7 @@ warm-up and the LM loss falls in the steps after it. Its evaluation scores dev a
 held-out-voice split."""
 from __future__ import annotations
 
+import math
 import statistics
 
 from helpers import compose_cfg, metric_history, train_sft_logged
@@ -38,3 +39,21 @@ def test_evaluation_scores_dev_and_the_held_out_voice_split(root):
     rows = recipe.last_eval_rows
     assert sorted(rows) == ["dev", "heldout_voices"]
     assert all(r["id"].startswith("heldout_voices-") for r in rows["heldout_voices"])
+
+
+def test_a_bfloat16_model_trains_in_fp32_with_bf16_compute(root):
+    """model.dtype=bfloat16 (the published sizes' setting): SFT keeps fp32 weights and
+    optimizer state and computes in bf16, as RL's DeepSpeed bf16 mode does; the fp32 audio
+    features meet the model without a dtype clash."""
+    import torch
+
+    from asr_grpo.recipes.sft import SFTRecipe
+
+    recipe = SFTRecipe(compose_cfg(root, "model.dtype=bfloat16", "sft.ctc_warmup_steps=1", "sft.max_steps=3"))
+    recipe.setup()
+    assert recipe.bf16_compute and {p.dtype for p in recipe.model.parameters()} == {torch.float32}
+    before = {k: v.clone() for k, v in recipe.model.model.language_model.state_dict().items()}
+    run_id = train_sft_logged(recipe, "sft-bf16")
+    lm = [v for _, v in metric_history(recipe.cfg, run_id, "loss/lm")]
+    assert len(lm) == 2 and all(map(math.isfinite, lm))
+    assert any(not torch.equal(v, before[k]) for k, v in recipe.model.model.language_model.state_dict().items())

@@ -148,6 +148,10 @@ def _outcome(sequence_fn: Callable[[torch.Tensor, int], torch.Tensor]) -> Estima
 register_advantage_estimator("group_norm", min_group_size=2)(_outcome(group_norm_advantages))
 register_advantage_estimator("rloo", min_group_size=2)(_outcome(rloo_advantages))
 register_advantage_estimator("reinforce_baseline")(_outcome(reinforce_baseline_advantages))
+# Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO's group-mean
+# baseline without the division by the group's std, which is reinforce_baseline's math;
+# its length-unbiased half is loss_agg=seq_mean_token_sum_norm (losses.aggregate_loss).
+register_advantage_estimator("dr_grpo", min_group_size=2)(_outcome(reinforce_baseline_advantages))
 
 
 @register_advantage_estimator("gae", needs_critic=True, kl_in_reward=True)

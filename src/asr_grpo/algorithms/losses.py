@@ -2,12 +2,14 @@
 
 All ``[B, T]`` inputs share a 0/1 ``mask``; metrics are detached 0-d tensors (call
 ``.item()`` when logging, so the training step does not sync the device for them).
-``algorithm.policy_loss`` names an entry of ``POLICY_LOSSES`` (a ``PolicyLoss``).
+``algorithm.policy_loss`` names an entry of ``POLICY_LOSSES`` (a ``PolicyLoss``); the
+sequence-level losses register theirs from `gspo.py` and `mwer.py`.
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 import torch
 
@@ -18,7 +20,7 @@ from .kl import MAX_LOG_RATIO, kl_penalty
 if TYPE_CHECKING:
     from asr_grpo.config.schema import AlgorithmConfig
 
-LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
@@ -51,48 +53,54 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
 
 
 def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor,
-                   mode: str = "token_mean") -> torch.Tensor:
+                   mode: str = "token_mean", norm_tokens: Optional[int] = None) -> torch.Tensor:
     """Reduce a per-token loss ``[B, T]`` to a scalar.
 
-    token_mean:          sum_bt(l * m) / sum_bt(m)        (every token weighs the same)
-    seq_mean_token_mean: mean_b[ sum_t(l * m) / sum_t(m) ] (every sequence weighs the same)
-    seq_mean_token_sum:  mean_b[ sum_t(l * m) ]            (Dr. GRPO: no length division)
+    token_mean:              sum_bt(l * m) / sum_bt(m)        (every token weighs the same)
+    seq_mean_token_mean:     mean_b[ sum_t(l * m) / sum_t(m) ] (every sequence weighs the same)
+    seq_mean_token_sum:      mean_b[ sum_t(l * m) ]            (no length division)
+    seq_mean_token_sum_norm: mean_b[ sum_t(l * m) ] / norm_tokens (Dr. GRPO: a constant,
+                             ``algorithm.max_new_tokens``, so no sequence's tokens weigh
+                             more for being in a short one)
     The mean over sequences skips rows without any real token.
     """
     if mode == "token_mean":
         return masked_mean(loss_mat, mask)
     if mode == "seq_mean_token_mean":
         per_seq = masked_mean(loss_mat, mask, dim=-1)
-    elif mode == "seq_mean_token_sum":
+    elif mode in ("seq_mean_token_sum", "seq_mean_token_sum_norm"):
         per_seq = (loss_mat * mask.to(loss_mat.dtype)).sum(-1)
     else:
         raise ValueError(f"unknown loss_agg {mode!r}; valid: {list(LOSS_AGG_MODES)}")
-    return masked_mean(per_seq, mask.sum(-1) > 0)
+    loss = masked_mean(per_seq, mask.sum(-1) > 0)
+    if mode == "seq_mean_token_sum_norm":
+        if norm_tokens is None or norm_tokens < 1:
+            raise ValueError(f"loss_agg {mode} needs a constant norm_tokens >= 1, got {norm_tokens}")
+        loss = loss / norm_tokens
+    return loss
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, eps_clip_low: float, eps_clip_high: float,
-                dual_clip: Optional[float] = None, loss_agg: str = "token_mean",
-                importance_weights: Optional[torch.Tensor] = None,
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate with asymmetric clipping (DAPO "clip-higher").
+def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, algo: AlgorithmConfig) -> torch.Tensor:
+    """``aggregate_loss`` as ``algo`` sets it (``loss_agg``, its constant ``max_new_tokens``)."""
+    return aggregate_loss(loss_mat, mask, algo.loss_agg, algo.max_new_tokens)
 
-    ``rho = exp(logp - old_logp)``,
+
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                      eps_clip_low: float, eps_clip_high: float, dual_clip: Optional[float] = None,
+                      loss_agg: str = "token_mean", importance_weights: Optional[torch.Tensor] = None,
+                      norm_tokens: Optional[int] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped surrogate of any importance ratio, per element of ``[B, T]`` (a token's
+    ratio for PPO, a sequence's for GSPO with ``T == 1``), aggregated by ``loss_agg``:
+
     ``l = max(-A * rho, -A * clip(rho, 1 - eps_clip_low, 1 + eps_clip_high))``;
     with dual clip (Ye et al. 2020) and ``A < 0``: ``l = min(l, -dual_clip * A)``, which
-    bounds the loss of a negative-advantage token whose ratio has blown up.
-    ``importance_weights`` (e.g. truncated IS for stale tokens) multiply ``l`` per
-    token and are detached. Clipped tokens get zero gradient.
-
-    Metrics: ``clip_frac`` (tokens where the clipped term is strictly the larger one),
-    ``dual_clip_frac``, ``approx_kl`` = masked mean of the k3 estimator of
-    KL(pi_old || pi), i.e. ``(rho - 1) - log rho`` (>= 0, unlike the k1 mean of
-    ``old_logp - logp``), ``ratio_mean`` and ``ratio_max`` over real tokens.
+    bounds the loss of a negative-advantage element whose ratio has blown up.
+    ``importance_weights`` multiply ``l`` and are detached. Clipped elements get zero
+    gradient. Metrics: ``clip_frac`` (elements where the clipped term is strictly the
+    larger one), ``dual_clip_frac``, ``ratio_mean`` and ``ratio_max`` over real elements.
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    log_ratio = (logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    ratio = torch.exp(log_ratio)
     surr = -advantages * ratio
     surr_clipped = -advantages * ratio.clamp(1.0 - eps_clip_low, 1.0 + eps_clip_high)
     loss_mat = torch.maximum(surr, surr_clipped)
@@ -106,17 +114,40 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     if importance_weights is not None:
         loss_mat = loss_mat * importance_weights.detach()
 
-    loss = aggregate_loss(loss_mat, mask, loss_agg)
+    loss = aggregate_loss(loss_mat, mask, loss_agg, norm_tokens)
     with torch.no_grad():
-        real = mask.bool()
         metrics = {
             "clip_frac": masked_mean(clipped.float(), mask),
             "dual_clip_frac": masked_mean(dual_active.float(), mask),
-            # kl_penalty(a, b, "k3") estimates KL(a-sampler || b): here old || current.
-            "approx_kl": masked_mean(kl_penalty(old_logp, logp, "k3"), mask),
             "ratio_mean": masked_mean(ratio, mask),
-            "ratio_max": ratio.masked_fill(~real, float("-inf")).max(),
+            "ratio_max": ratio.masked_fill(~mask.bool(), float("-inf")).max(),
         }
+    return loss, metrics
+
+
+@torch.no_grad()
+def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked mean of the k3 estimator of KL(pi_old || pi), ``(rho - 1) - log rho`` per
+    token (>= 0, unlike the k1 mean of ``old_logp - logp``)."""
+    # kl_penalty(a, b, "k3") estimates KL(a-sampler || b): here old || current.
+    return masked_mean(kl_penalty(old_logp, logp, "k3"), mask)
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                mask: torch.Tensor, eps_clip_low: float, eps_clip_high: float,
+                dual_clip: Optional[float] = None, loss_agg: str = "token_mean",
+                importance_weights: Optional[torch.Tensor] = None, norm_tokens: Optional[int] = None,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate with asymmetric clipping (DAPO "clip-higher") on the token
+    ratio ``rho = exp(logp - old_logp)`` (``clipped_surrogate``). ``importance_weights``
+    (e.g. truncated IS for stale tokens) multiply the per-token loss.
+
+    Metrics: those of ``clipped_surrogate`` over tokens and ``approx_kl``.
+    """
+    ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    loss, metrics = clipped_surrogate(ratio, advantages, mask, eps_clip_low, eps_clip_high, dual_clip,
+                                      loss_agg, importance_weights, norm_tokens)
+    metrics["approx_kl"] = approx_kl(logp, old_logp, mask)
     return loss, metrics
 
 
@@ -134,18 +165,43 @@ class PolicyLoss(Protocol):
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("algorithm.policy_loss")
 
 
-@POLICY_LOSSES.register("ppo_clip")
+@dataclass(frozen=True)
+class PolicyLossNeeds:
+    """What a policy loss needs of the rest of the config (checked by `config/validate.py`
+    before a run starts). A loss registered without them needs nothing."""
+    sequence_advantages: bool = False      # one advantage per sequence: no critic, no per-token (GAE) ones
+    estimators: tuple[str, ...] = ()       # only these advantage estimators (empty: any)
+    whole_groups: bool = False             # takes `groups` ([B] group index); a micro-batch holds whole groups
+    stale_is_weights: bool = True          # applies algorithm.stale_is_correction's weights
+
+
+def register_policy_loss(name: str, needs: Optional[PolicyLossNeeds] = None,
+                         ) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator: the function becomes `algorithm.policy_loss=<name>`, with what it needs."""
+    def register(fn: PolicyLoss) -> PolicyLoss:
+        fn.needs = needs or PolicyLossNeeds()
+        return POLICY_LOSSES.register(name)(fn)
+    return register
+
+
+def policy_loss_needs(loss: PolicyLoss) -> PolicyLossNeeds:
+    return getattr(loss, "needs", PolicyLossNeeds())
+
+
+@register_policy_loss("ppo_clip")
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                   algo: AlgorithmConfig, importance_weights: Optional[torch.Tensor] = None,
                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``policy_loss`` with the clip range, dual clip and aggregation of ``algo``."""
     return policy_loss(logp, old_logp, advantages, mask, algo.eps_clip_low, algo.eps_clip_high,
-                       algo.dual_clip, algo.loss_agg, importance_weights=importance_weights)
+                       algo.dual_clip, algo.loss_agg, importance_weights=importance_weights,
+                       norm_tokens=algo.max_new_tokens)
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
                mask: torch.Tensor, value_clip: Optional[float] = None,
-               loss_agg: str = "token_mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+               loss_agg: str = "token_mean", norm_tokens: Optional[int] = None,
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Critic loss ``0.5 * max((V - R)^2, (V_clip - R)^2)`` with
     ``V_clip = old_V + clip(V - old_V, -c, c)``; plain ``0.5 * (V - R)^2`` when
     ``value_clip`` is None. Metric ``value_clip_frac``: tokens where the clipped
@@ -159,7 +215,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         loss_clipped = (v_clip - returns).square()
         clipped = loss_clipped > loss_mat
         loss_mat = torch.maximum(loss_mat, loss_clipped)
-    loss = 0.5 * aggregate_loss(loss_mat, mask, loss_agg)
+    loss = 0.5 * aggregate_loss(loss_mat, mask, loss_agg, norm_tokens)
     return loss, {"value_clip_frac": masked_mean(clipped.float(), mask).detach()}
 
 

@@ -30,9 +30,9 @@ def _choice(name: str, options: str) -> type[Choice]:
 # (`config/registry.py`), checked by `config/validate.py` before a run starts.
 
 
-AlgorithmName = _choice("AlgorithmName", "grpo ppo")
+AlgorithmName = _choice("AlgorithmName", "grpo ppo dr_grpo mwer")
 KLEstimator = _choice("KLEstimator", "k1 k2 k3")
-LossAgg = _choice("LossAgg", "token_mean seq_mean_token_mean seq_mean_token_sum")
+LossAgg = _choice("LossAgg", "token_mean seq_mean_token_mean seq_mean_token_sum seq_mean_token_sum_norm")
 OverlapMode = _choice("OverlapMode", "none intra inter oppo")
 DeltaRule = _choice("DeltaRule", "additive proportional")
 SyncBackend = _choice("SyncBackend", "auto gloo nccl")
@@ -285,9 +285,20 @@ class AlgorithmConfig:
     dual_clip: Optional[float] = 3.0
     value_clip: float = 0.2
     policy_loss: str = "ppo_clip"       # algorithms/losses.py: POLICY_LOSSES
+    # GSPO's sequence-ratio clip range (policy_loss=gspo | gspo_token): the length-normalised
+    # ratio moves far less than a token's, so its range is ~1000x smaller (the paper's values).
+    gspo_eps_clip_low: float = 3e-4
+    gspo_eps_clip_high: float = 4e-4
+    # policy_loss=mwer: p_i = softmax over the group of this x the sequence log-prob (1: the
+    # textbook MWER; < 1 flattens a distribution one hypothesis would otherwise take whole).
+    mwer_logp_scale: float = 1.0
+    # seq_mean_token_sum_norm divides by the constant max_new_tokens (Dr. GRPO).
     loss_agg: LossAgg = LossAgg.token_mean
     entropy_coef: float = 0.0
     use_critic: bool = False
+    # The advantages (and down-sampling) read this reward component instead of the reward's
+    # total; null: the total. algorithm=mwer: cer (1 - min(CER, 1)), so err = 1 - score.
+    score_component: Optional[str] = None
     temperature: float = 0.8
     top_p: float = 1.0
     max_new_tokens: int = 96

@@ -46,6 +46,8 @@ def config_problems(cfg: Any) -> list[str]:
         need(algo.use_critic, "algorithm.name=ppo needs a critic: set algorithm.use_critic=true")
     _check_advantage_estimator(algo, need)
     _check_dynamic_sampling(algo, need)
+    _check_policy_loss(algo, tr, need)
+    _check_score_component(cfg, need)
     need(algo.temperature >= 0, f"algorithm.temperature={algo.temperature}: must be >= 0")
     need(0 < algo.top_p <= 1, f"algorithm.top_p={algo.top_p}: must be in (0, 1]")
     need(algo.max_new_tokens >= 1, f"algorithm.max_new_tokens={algo.max_new_tokens}: must be >= 1")
@@ -182,6 +184,49 @@ def _check_dynamic_sampling(algo: Any, need) -> None:
         need(False, f"algorithm.dynamic_sampling.enabled=true with algorithm.advantage_estimator={name}: a critic "
                     "gives a group of equal rewards non-zero advantages, so dropping it would drop signal; "
                     "use a group baseline (e.g. rloo, group_norm)")
+
+
+def _check_policy_loss(algo: Any, tr: Any, need) -> None:
+    """What the chosen policy loss needs (`PolicyLossNeeds`): sequence advantages, a kind
+    of advantage estimator, whole groups in a micro-batch, or no stale-token weights."""
+    from asr_grpo.algorithms import POLICY_LOSSES, policy_loss_needs
+    from asr_grpo.config.schema import trained_per_group
+
+    name = algo.policy_loss
+    need(algo.gspo_eps_clip_low > 0 and algo.gspo_eps_clip_high > 0,
+         f"algorithm.gspo_eps_clip_low={algo.gspo_eps_clip_low} / gspo_eps_clip_high={algo.gspo_eps_clip_high}: "
+         "must be > 0")
+    need(algo.mwer_logp_scale > 0, f"algorithm.mwer_logp_scale={algo.mwer_logp_scale}: must be > 0")
+    if name not in POLICY_LOSSES:
+        return   # choice_problems said so
+    needs = policy_loss_needs(POLICY_LOSSES.get(name))
+    if needs.sequence_advantages:
+        need(not algo.use_critic, f"algorithm.policy_loss={name} takes one advantage per sequence and no "
+                                  "critic: set algorithm.use_critic=false (and an outcome advantage_estimator)")
+    if needs.estimators:
+        need(algo.advantage_estimator in needs.estimators,
+             f"algorithm.policy_loss={name} needs algorithm.advantage_estimator in {', '.join(needs.estimators)} "
+             f"(got {algo.advantage_estimator})")
+    if needs.whole_groups:
+        m = trained_per_group(algo.n_samples_per_prompt, algo.train_samples_per_prompt)
+        need(tr.micro_batch_by_group and tr.micro_batch_size % m == 0,
+             f"algorithm.policy_loss={name} compares each group's samples within a micro-batch: needs "
+             f"trainer.micro_batch_by_group=true and trainer.micro_batch_size (got {tr.micro_batch_size}) a "
+             f"multiple of the {m} samples trained per group")
+    if not needs.stale_is_weights:
+        need(not algo.stale_is_correction,
+             f"algorithm.policy_loss={name} takes no importance weights: set algorithm.stale_is_correction=false")
+
+
+def _check_score_component(cfg: Any, need) -> None:
+    """`algorithm.score_component` names a component the built-in reward computes (a reward
+    file of one's own or a service is checked when its first result arrives)."""
+    name = cfg.algorithm.score_component
+    components = loaded_registries().get("reward.weights")   # loaded with the rewards
+    if name is None or components is None or not builtin_reward(cfg.reward):
+        return
+    need(name in components, f"algorithm.score_component={name}: not a reward component; "
+                             f"registered: {', '.join(components.names())}")
 
 
 def _check_remote_reward(reward: Any, need) -> None:

@@ -10,11 +10,12 @@ import torch
 
 from asr_grpo.algorithms import (
     POLICY_LOSSES,
-    aggregate_loss,
+    aggregate,
     entropy_from_logits,
     explained_variance,
     kl_penalty,
     logprobs_from_logits,
+    policy_loss_needs,
     truncated_importance_weights,
     value_loss,
 )
@@ -32,6 +33,12 @@ def pack_items(items: Sequence[ExperienceItem], pad_id: int) -> SequenceBatch:
 
 def _field(items: Sequence[ExperienceItem], name: str, width: int, device: torch.device) -> torch.Tensor:
     return pad_ragged([getattr(it, name) for it in items], width).to(device)
+
+
+def group_index(items: Sequence[ExperienceItem], device: torch.device) -> torch.Tensor:
+    """``[B]`` ids 0, 1, ... of the items' prompt groups, in order of first appearance."""
+    ids: dict[str, int] = {}
+    return torch.tensor([ids.setdefault(it.group, len(ids)) for it in items], dtype=torch.long, device=device)
 
 
 def actor_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig,
@@ -52,16 +59,17 @@ def actor_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig,
                                                algo.stale_is_clip)
     loss_fn = POLICY_LOSSES.get(algo.policy_loss)
     advantages = _field(items, "advantages", T, dev)
-    loss, metrics = loss_fn(logp, old, advantages, mask, algo, importance_weights=weights)
+    # A loss over each group's samples together (MWER's softmax) is told which rows share one.
+    groups = {"groups": group_index(items, dev)} if policy_loss_needs(loss_fn).whole_groups else {}
+    loss, metrics = loss_fn(logp, old, advantages, mask, algo, importance_weights=weights, **groups)
     metrics = {f"policy/{k}": v for k, v in metrics.items()}
     metrics["loss/policy"] = loss.detach()
     if not algo.kl_in_reward and algo.kl_coef > 0:
         kl = kl_penalty(logp, _field(items, "ref_logprobs", T, dev), algo.kl_estimator)
-        kl_loss = aggregate_loss(kl, mask, algo.loss_agg)
+        kl_loss = aggregate(kl, mask, algo)
         loss = loss + algo.kl_coef * kl_loss
         metrics["kl/loss"] = kl_loss.detach()
-    entropy = aggregate_loss(entropy_from_logits(logits.detach() if algo.entropy_coef == 0 else logits),
-                             mask, algo.loss_agg)
+    entropy = aggregate(entropy_from_logits(logits.detach() if algo.entropy_coef == 0 else logits), mask, algo)
     if algo.entropy_coef:
         loss = loss - algo.entropy_coef * entropy
     metrics["policy/entropy"] = entropy.detach()
@@ -77,7 +85,7 @@ def critic_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig, p
     dev = values.device
     mask, returns = batch.response_mask.to(dev), _field(items, "returns", T, dev)
     loss, metrics = value_loss(values, _field(items, "old_values", T, dev), returns, mask, algo.value_clip,
-                               algo.loss_agg)
+                               algo.loss_agg, algo.max_new_tokens)
     metrics = {f"critic/{k}": v for k, v in metrics.items()}
     metrics["critic/explained_variance"] = explained_variance(values.detach(), returns, mask)
     metrics["loss/value"] = loss.detach()

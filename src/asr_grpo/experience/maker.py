@@ -18,6 +18,7 @@ import torch
 
 from asr_grpo.algorithms import downsample_groups
 from asr_grpo.algorithms.group_spread import flat_groups, group_members, is_flat
+from asr_grpo.config.errors import ConfigError
 from asr_grpo.config.schema import RunConfig, trained_per_group
 from asr_grpo.experience.advantages import estimate_advantages
 from asr_grpo.experience.types import ExperienceItem, PromptGroup, SequenceRef, check_finite
@@ -42,6 +43,17 @@ def split_even(items: Sequence, parts: int) -> list[list]:
 def samples_trained_per_prompt(algo) -> int:
     """How many samples of each prompt group an update trains on."""
     return trained_per_group(algo.n_samples_per_prompt, algo.train_samples_per_prompt)
+
+
+def training_scores(reward: RewardResult, component: str | None) -> torch.Tensor:
+    """What the advantages and the down-sampling read: the reward's total, or the component
+    `algorithm.score_component` names (MWER's `cer`: one minus the sample's error)."""
+    if component is None:
+        return reward.total
+    if component not in reward.components:
+        raise ConfigError(f"algorithm.score_component={component}: the reward reported no such component "
+                          f"(it reported: {', '.join(reward.components) or 'none'})")
+    return reward.components[component]
 
 
 def experience_items(algo, seqs: list[SequenceResult], refs: list[SequenceRef], old, ref, values,
@@ -221,7 +233,9 @@ class ExperienceMaker:
         seqs = [s for g in groups for s in results[g.uid]]
         reward = self._score_rewards(groups, seqs, sequence_refs(groups, seqs), {})
         bad = {s.group for s, k in zip(seqs, reward.keep.tolist()) if not k}
-        flat = flat_groups(reward.total, [s.group for s in seqs]) - bad
+        # Judged on what the advantages read: MWER's error, not the whole reward.
+        score = training_scores(reward, self.cfg.algorithm.score_component)
+        flat = flat_groups(score, [s.group for s in seqs]) - bad
         dropped = [i for i, s in enumerate(seqs) if s.group in flat]
         if dropped:
             language = {g.uid: g.utterance["language"] or "unknown" for g in groups}
@@ -297,7 +311,8 @@ class ExperienceMaker:
             sampled = self._score_rewards(groups, seqs, refs, streamed)
             # A group with a dropped sample stays whole: the drop below removes it whole.
             bad = {s.group for s, k in zip(seqs, sampled.keep.tolist()) if not k}
-            keep = downsample_groups(sampled.total, [s.group for s in seqs], per_prompt, bad)
+            keep = downsample_groups(training_scores(sampled, algo.score_component), [s.group for s in seqs],
+                                     per_prompt, bad)
             seqs, refs, reward = [seqs[i] for i in keep], [refs[i] for i in keep], sampled.select(keep)
         # Launch every scorer before waiting on any: they live in different actors.
         reused = self._reusable_old_logprobs(seqs, version)
@@ -334,7 +349,8 @@ class ExperienceMaker:
         if not seqs:   # every group dropped: nothing to train on this step
             log.warning("every sampled group was dropped by reward.on_bad_reward=drop: no update this step")
             return [], {**sampled_log, **faults, "perf/time/scoring": score_s}
-        items, adv = experience_items(algo, seqs, refs, old, ref, values, reward.total, per_prompt)
+        items, adv = experience_items(algo, seqs, refs, old, ref, values,
+                                      training_scores(reward, algo.score_component), per_prompt)
         lengths = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.float32)
         metrics = {**sampled_log, **adv.metrics, **faults, "perf/time/scoring": score_s,
                    "charts/response_length": float(lengths.mean()),

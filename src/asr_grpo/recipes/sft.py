@@ -19,6 +19,7 @@ from asr_grpo.config.schema import RunConfig
 from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
 from asr_grpo.data.augment import perturb_batch, spec_augment
 from asr_grpo.data.manifest import manifest_digest
+from asr_grpo.distributed.deepspeed_strategy import trained_precision
 from asr_grpo.evaluation import evaluate_dataset, evaluation_sets, metrics_of_sets
 from asr_grpo.models import (
     IGNORE_INDEX,
@@ -83,12 +84,15 @@ class SFTRecipe:
         self.train_set = AsrDataset(manifests.train, cfg.data, split="train")
         self.eval_sets = evaluation_sets(manifests, cfg.data)   # dev (+ held-out voices)
         self.dev_set = self.eval_sets["dev"]
+        # model.dtype=bfloat16 trains as RL does: fp32 weights and optimizer, bf16 compute.
+        weights_dtype, self.bf16_compute = trained_precision(cfg.model.dtype)
         if starts_from_checkpoint(cfg):   # fine-tune a checkpoint, tokenizer included
-            self.model, self.processor = load_model(cfg.model.path, cfg.model.dtype)
+            self.model, self.processor = load_model(cfg.model.path, weights_dtype)
         else:
             utts = self.train_set.utterances
             self.model, self.processor = fresh_model(cfg.model, [u.text for u in utts], seed=cfg.sft.seed,
                                                      languages=[u.language for u in utts])
+        self.model.to(getattr(torch, weights_dtype))
         self.tokenizer = self.processor.tokenizer
         self.model.train()
         set_frontend_memory_format(self.model, torch.channels_last)
@@ -121,6 +125,11 @@ class SFTRecipe:
         audios = perturb_batch([it["audio"] for it in items], self.cfg.sft.wave_augment, self.wave_rng)
         batch = encode_supervised(self.processor, audios,
                                   [it["language"] for it in items], [it["text"] for it in items])
+        # the model's compute only: the processor's feature extraction stays fp32 (numpy)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16_compute):
+            return self._model_loss(batch, ctc_only)
+
+    def _model_loss(self, batch: dict, ctc_only: bool) -> tuple[torch.Tensor, dict[str, float]]:
         model = self.model
         features = spec_augment(batch["input_features"], batch["input_features_mask"],
                                 self.cfg.sft.spec_augment, self.augment_rng)
