@@ -5,10 +5,14 @@ of the SFT'd speech LLM on Ray + DeepSpeed, logged to MLflow.
 sweep, one MLflow run per job under one parent run; see asr_grpo.sweep."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import shlex
+import sys
 from pathlib import Path
+from typing import Iterator
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -18,6 +22,7 @@ from asr_grpo.config import register_configs
 from asr_grpo.config.errors import ConfigError, one_line_errors
 from asr_grpo.config.store import CONF_DIR
 from asr_grpo.config.validate import validate_config
+from asr_grpo.recipes.stop import RunStopped, stop_signals
 from asr_grpo.sweep import current_sweep_job
 
 log = logging.getLogger(__name__)
@@ -46,6 +51,40 @@ def resume_hint(output_root: str) -> str:
     folders = list(dict.fromkeys(str(p.parent) for p in reversed(found)))[:3]
     return ("trainer.resume=true continues one run: name its checkpoint folder with trainer.output_dir=..."
             + (f" (newest: {', '.join(folders)})" if folders else f" (no run under {output_root}/runs has one)"))
+
+
+def resume_command(cfg: DictConfig) -> str:
+    """The command that continues this run: its own overrides, with trainer.resume=true and
+    trainer.output_dir naming its checkpoint folder (instead of any the command had)."""
+    try:
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:   # not under @hydra.main
+        overrides = []
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("trainer.resume", "trainer.output_dir")]
+    return shlex.join(["python", "-m", "asr_grpo.run", *kept, "trainer.resume=true",
+                       f"trainer.output_dir={cfg.trainer.output_dir}"])
+
+
+def stopped_line(cfg: DictConfig, stopped: RunStopped) -> str:
+    """One line: what the signal stopped, the checkpoint a resume continues from, the command."""
+    from asr_grpo.models import step_checkpoints as ckpt
+
+    latest = ckpt.latest_checkpoint(cfg.trainer.output_dir) if Path(cfg.trainer.output_dir).is_dir() else None
+    start = f"from {latest.name}" if latest else "from the start (no checkpoint was written)"
+    return f"asr_grpo.run: {stopped}; resume {start}: {resume_command(cfg)}"
+
+
+@contextlib.contextmanager
+def stopping_with_resume_line(cfg: DictConfig) -> Iterator[None]:
+    """SIGTERM or SIGINT ends the run as recipes/stop.py says, then the process: one line
+    with the resume command on stderr, exit status 128 + the signal (143, 130), no traceback."""
+    stop = stop_signals().install()
+    try:
+        with stop.immediate():
+            yield
+    except RunStopped as stopped:
+        print(stopped_line(cfg, stopped), file=sys.stderr, flush=True)
+        raise SystemExit(stopped.exit_code) from None
 
 
 def own_checkpoint_folder(cfg: DictConfig) -> None:
@@ -77,11 +116,11 @@ def train(cfg: DictConfig, tags: dict | None = None) -> dict:
 def main(cfg: DictConfig) -> dict:
     job = current_sweep_job()   # `-m`: one job of a sweep (see asr_grpo.sweep)
     if job is None:
-        with one_line_errors("asr_grpo.run"):   # a bad key, manifest or model folder: say what
+        with one_line_errors("asr_grpo.run"), stopping_with_resume_line(cfg):   # say what, not a traceback
             own_checkpoint_folder(cfg)
             return train(cfg)
     job.prepare(cfg)
-    return job.run(lambda: train(cfg, tags=job.tags))
+    return job.run(lambda: train(cfg, tags=job.tags), resume=lambda: resume_command(cfg))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ in one process (Hydra's basic launcher). `SweepCallback` (registered under
 - after the last job, logs the job table to the parent run, ends it (FAILED if any job
   failed), prints the table and the compare command, and exits non-zero if a job failed.
 
+SIGTERM or SIGINT (recipes/stop.py) stops the sweep: the job in flight ends as a run does
+(its step finished or abandoned, checkpointed, its MLflow run KILLED) and is recorded
+KILLED with the command that resumes it; the jobs after it are recorded SKIPPED without
+starting; the parent run ends KILLED and the process exits 128 + the signal.
+
 Each job (`SweepJob`) tags its run `sweep=<id>`, `mlflow.parentRunId=<parent>`,
 `sweep_job=<n>`, writes its checkpoints into its own multirun folder, and turns an
 exception into a FAILED record instead of ending the sweep. A local Ray lives for one
@@ -28,6 +33,8 @@ from typing import Any, Callable, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from asr_grpo.recipes.stop import RunStopped, stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +83,7 @@ class SweepCallback(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         name = OmegaConf.select(config, "hydra.runtime.choices.experiment") or "sweep"
         sweep_id = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        stop_signals().install()   # a signal between jobs is noted; the next job does not start
         client, uri = _client(config.logger.tracking_uri)
         experiment_id = ensure_experiment(client, config.logger.experiment_name, uri)
         overrides = " ".join(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
@@ -108,7 +116,7 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         with open(sweep_dir / JOBS_FILE, "a") as fh:
             fh.write(json.dumps(record) + "\n")
-        if record["status"] != "FINISHED":
+        if record["status"] == "FAILED":
             log.error("sweep job #%d (%s) FAILED: %s; the sweep goes on", record["num"], record["overrides"],
                       record["error"])
 
@@ -122,11 +130,18 @@ class SweepCallback(Callback):
         client.log_text(parent, json.dumps(jobs, indent=2), "sweep_jobs.json")
         client.log_metric(parent, "sweep/jobs", len(jobs))
         client.log_metric(parent, "sweep/jobs_failed", len(failed))
-        client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
+        stop = stop_signals()
+        client.set_terminated(parent, status="KILLED" if stop.requested else "FAILED" if failed else "FINISHED")
         summary = (f"sweep {info['sweep_id']}: {len(jobs) - len(failed)} of {len(jobs)} jobs finished "
                    f"(MLflow parent run {parent})\n{jobs_table(jobs)}\n"
                    f"report: python -m asr_grpo.compare sweep={info['sweep_id']}")
         print(summary, flush=True)
+        if stop.requested:   # 143 / 130, as a run stopped by the signal; the table names the job to resume
+            killed = [f"#{j['num']}" for j in jobs if j["status"] == "KILLED"]
+            stopped = stop.stopped(f"job {', '.join(killed) or 'none'} stopped, the jobs after it skipped")
+            print(f"sweep {info['sweep_id']}: {stopped} (the table above gives the command resuming a stopped job)",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(stopped.exit_code)
         if failed:   # exit status 1: Hydra turns a callback's exceptions into warnings, not SystemExit
             raise SystemExit(f"sweep {info['sweep_id']}: {len(failed)} of {len(jobs)} jobs failed: "
                              + "; ".join(f"#{j['num']} ({j['overrides']}): {j['error']}" for j in failed))
@@ -161,11 +176,19 @@ class SweepJob:
 
             keep_joined_connection()
 
-    def run(self, train: Callable[[], dict]) -> dict:
-        """`train()`, with a failure turned into a FAILED record: the sweep goes on."""
+    def run(self, train: Callable[[], dict], resume: Callable[[], str]) -> dict:
+        """`train()`, with a failure turned into a FAILED record (the sweep goes on) and a
+        stop by a signal into a KILLED one naming `resume()`, the command that continues
+        it; once a signal came, the jobs left are SKIPPED."""
         t0 = time.monotonic()
+        stop = stop_signals().install()
+        if stop.requested:
+            return {"status": "SKIPPED", "error": "the sweep was stopped before this job", "job_seconds": 0.0}
         try:
-            result = {"status": "FINISHED", **train()}
+            with stop.immediate():
+                result = {"status": "FINISHED", **train()}
+        except RunStopped as stopped:
+            result = {"status": "KILLED", "error": f"{stopped}; resume this job with: {resume()}"}
         except Exception as e:   # noqa: BLE001 - any failure of one job is that job's
             log.exception("sweep %s job #%d (%s) failed", self.sweep_id, self.num, self.overrides)
             result = {"status": "FAILED", "error": f"{type(e).__name__}: {e}"}

@@ -5,6 +5,8 @@ every call so a test can switch faults without restarting the worker.
   {"mode": "ok"}                      the built-in reward
   {"mode": "stall_once"}              the first call writes this process's pid to `pid`
                                       and sleeps (to be killed); later calls are "ok"
+  {"mode": "slow", "seconds": s}      every call writes this process's pid to `pid` and
+                                      sleeps s seconds, then gives the built-in reward
   {"mode": "raise"}                   raise ValueError
   {"mode": "raise_on_first"}          a call of several samples raises and marks its first
                                       sample's reference text; later calls raise when they
@@ -31,6 +33,9 @@ def reward_func(queries, prompts, labels, **kwargs):
         (HERE / "stalled").touch()
         (HERE / "pid").write_text(str(os.getpid()))
         time.sleep(120)
+    if mode == "slow":
+        (HERE / "pid").write_text(str(os.getpid()))
+        time.sleep(control["seconds"])
     if mode == "raise_on_first" and len(labels) > 1:
         _poisoned.add(labels[0])
     if mode == "raise" or (mode == "raise_on_first" and _poisoned & set(labels)):

@@ -484,6 +484,11 @@ class TrainerConfig:
     keep_last: int = 0                # step checkpoints kept (the newest); 0: all
     resume: bool = False
     output_dir: str = "${paths.output_root}/checkpoints/rl"
+    # SIGTERM or SIGINT on the driver: the step in flight may finish for this many seconds (then it
+    # is abandoned), its checkpoint is written and the run ends with the resume command. Keep it below
+    # the scheduler's kill grace (Slurm KillWait, Kubernetes terminationGracePeriodSeconds: 30 s) less
+    # the time a checkpoint and Ray's shutdown take
+    stop_grace_s: float = 20.0
     # RL prompts' audio perturbed once a group (all its samples hear the same audio) from a seed
     # of the run's seed and the prompt's draw, so a resumed run hears what the uninterrupted one did
     wave_augment: WaveAugmentConfig = field(default_factory=lambda: WaveAugmentConfig(speed_prob=0.0,
@@ -497,6 +502,14 @@ class LoggerConfig:
     run_name: str = ""
     log_system_metrics: bool = True
     system_metrics_interval_s: float = 10.0   # MLflow system metrics (CPU, memory, GPU) sampling period
+    # Metrics logged in MLflow's background thread (`synchronous=False`), so the loop does not wait for
+    # the store, and a tracking server that is down is retried while training goes on (MLflow's HTTP
+    # retries, MLFLOW_HTTP_REQUEST_MAX_RETRIES: about 4 min by default). null: on for an http(s) server,
+    # off for a local store
+    async_logging: Optional[bool] = None
+    # steps whose metrics may be in flight at once; past it the loop waits for the oldest (the memory
+    # bound while a server is down)
+    async_max_pending: int = 1000
 
 
 @dataclass

@@ -88,9 +88,12 @@ def config_problems(cfg: Any) -> list[str]:
         reason = engines.get(ro.engine).unavailable_reason()
         need(reason is None, f"rollout.engine={ro.engine}: {reason}")
 
+    need(cfg.logger.async_max_pending >= 1,
+         f"logger.async_max_pending={cfg.logger.async_max_pending}: must be >= 1")
     need(tr.steps >= 1, f"trainer.steps={tr.steps}: must be >= 1")
     need(tr.max_minutes is None or tr.max_minutes > 0,
          f"trainer.max_minutes={tr.max_minutes}: must be > 0 (null: no cap)")
+    need(tr.stop_grace_s >= 0, f"trainer.stop_grace_s={tr.stop_grace_s}: must be >= 0 (0: a signal abandons the step)")
     need(0 <= tr.ema_decay < 1, f"trainer.ema_decay={tr.ema_decay}: must be in [0, 1) (0: no weight average)")
     need(tr.keep_last >= 0, f"trainer.keep_last={tr.keep_last}: must be >= 0 (0 keeps every checkpoint)")
     need(tr.prompts_per_step >= 1, f"trainer.prompts_per_step={tr.prompts_per_step}: must be >= 1")

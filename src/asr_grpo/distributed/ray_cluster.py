@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 from typing import Optional
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,21 @@ def _loopback_only():
         ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
+@contextlib.contextmanager
+def _keeping_sigterm_handler():
+    """`ray.init` replaces the driver's SIGTERM handler with its own, which exits in the
+    middle of whatever runs and ends in an abort with a C++ stack dump. A Python handler
+    the driver set before (the entry point's graceful stop, recipes/stop.py) is put back;
+    with none, Ray's stays."""
+    main = threading.current_thread() is threading.main_thread()
+    saved = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(saved):
+            signal.signal(signal.SIGTERM, saved)
+
+
 def _on_loopback(address: str) -> bool:
     """True for "auto" (the cluster on this machine, which may be loopback-only) and for a
     loopback host; a routable address or a Ray Client (ray://) address is left to Ray."""
@@ -108,7 +125,7 @@ def start_ray(placement_cfg, *, num_cpus: Optional[int] = None,
         # A loopback-only cluster (the launch/ scripts' default, or another driver's local
         # start) is reached on 127.0.0.1 only if Ray keeps that address as given. In a
         # `ray job submit` driver ray.init also picks up the job's runtime env.
-        with _loopback_only() if _on_loopback(address) else contextlib.nullcontext():
+        with _loopback_only() if _on_loopback(address) else contextlib.nullcontext(), _keeping_sigterm_handler():
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=log_to_driver)
         _started = {"joined": True, "logical_gpus": False, "via": source}  # the cluster's own GPUs
     else:
@@ -117,7 +134,7 @@ def start_ray(placement_cfg, *, num_cpus: Optional[int] = None,
                 f"placement.num_nodes={placement_cfg.num_nodes} needs an existing multi-node "
                 f"cluster: set placement.ray_address or RAY_ADDRESS (a local start is one node)")
         logical = bool(placement_cfg.use_logical_gpus) and cuda_device_count() == 0
-        with _loopback_only():
+        with _loopback_only(), _keeping_sigterm_handler():
             # address="local": decided above (placement.ray_address=local wins over RAY_ADDRESS).
             ray.init(address="local", num_cpus=num_cpus,
                      num_gpus=int(placement_cfg.gpus_per_node) if logical else None,

@@ -6,6 +6,7 @@ folder that `discard_partials` removes); one killed while re-saving an existing 
 leaves that step's old copy aside, which `latest_checkpoint` puts back."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -85,3 +86,32 @@ def discard_partials(output_dir: str | Path) -> list[str]:
 
 def read_driver_state(path: Path) -> dict:
     return json.loads((path / DRIVER_STATE).read_text())
+
+
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
+FULL_BELOW_BYTES = 1 << 20
+
+
+def disk_full_reason(exc: BaseException, output_dir: str | Path) -> str | None:
+    """Why a failed save failed for want of space, or None. The error says so itself (an
+    OSError's errno, or its text where a library rewrapped it, as safetensors and a Ray
+    task error do), or does not (torch.save's writer reports only a short write), when the
+    file system of `output_dir` has under 1 MiB left."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+            return os.strerror(e.errno)
+        for text in _FULL_TEXTS:
+            if text in str(e):
+                return text
+        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]   # a Ray task error's own `cause`
+    try:
+        free = shutil.disk_usage(output_dir).free
+    except OSError:
+        return None
+    return f"{free / 2**20:.1f} MiB left on its file system" if free < FULL_BELOW_BYTES else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import shutil
 import time
 import zlib
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from asr_grpo.config.errors import DiskFull
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.config.validate import validate_config
 from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
@@ -43,6 +45,7 @@ from asr_grpo.overlap.scheduler import RolloutScheduler, StepRollout
 from asr_grpo.overlap.step_times import StepTimes
 from asr_grpo.recipes.protocol import run_recipe
 from asr_grpo.recipes.start_checkpoint import check_start_checkpoint, prepare_start_checkpoint
+from asr_grpo.recipes.stop import stop_signals
 from asr_grpo.recipes.text_lm_cache import ensure_text_lm
 from asr_grpo.rewards.text import error_rates_by_language
 from asr_grpo.rollout.feed import FeedSink
@@ -358,15 +361,27 @@ class RLRecipe:
     # ---- checkpoints ----------------------------------------------------------------------
     def save(self, step: int, run_id: str) -> Path:
         out = self.cfg.trainer.output_dir
-        staging = ckpt.staging_dir(out, step)
         state = {"step": step, "sampler": self.sampler.state_dict(), "mlflow_run_id": run_id,
                  "scheduler": self.scheduler.state_dict(), "group_lengths": self.group_lengths,
                  "plans": self.plans}
-        refs = self.policy.call("save", str(staging / "policy_ds"), "state", {"step": step}, str(staging / "hf"))
-        if self.critic is not None:
-            refs += self.critic.call("save", str(staging / "critic_ds"), "state")
-        ray.get(refs)
-        return ckpt.commit(out, staging, step, state, keep_last=self.cfg.trainer.keep_last)
+        staging = None
+        try:
+            staging = ckpt.staging_dir(out, step)
+            refs = self.policy.call("save", str(staging / "policy_ds"), "state", {"step": step}, str(staging / "hf"))
+            if self.critic is not None:
+                refs += self.critic.call("save", str(staging / "critic_ds"), "state")
+            ray.get(refs)
+            return ckpt.commit(out, staging, step, state, keep_last=self.cfg.trainer.keep_last)
+        except Exception as exc:
+            full = ckpt.disk_full_reason(exc, out)
+            if staging is not None:   # the partial copy goes: its space may be what the next write needs
+                shutil.rmtree(staging, ignore_errors=True)
+            if full is None:
+                raise
+            latest = ckpt.latest_checkpoint(out)
+            kept = (f"{latest} (step {ckpt.read_driver_state(latest)['step']}) is intact: make room, then resume "
+                    f"with trainer.resume=true trainer.output_dir={out}" if latest else "no earlier checkpoint")
+            raise DiskFull(f"the checkpoint of step {step} could not be written to {out} ({full}); {kept}") from exc
 
     def resume(self) -> dict | None:
         if Path(self.cfg.trainer.output_dir).is_dir():
@@ -413,43 +428,59 @@ class RLRecipe:
                        initial=start, total=cfg.trainer.steps)
             last_eval: dict[str, float] = {}
             shown = summary.get("eval_before", {})   # the bar's CER: the last evaluated, or none yet
-            for step in bar:
-                with self._trainer_deaths_end_the_run(step):
-                    metrics = self.train_step(step)
-                    done = step + 1
-                    last = done == cfg.trainer.steps or out_of_time(cfg.trainer.max_minutes, t_start)
-                    if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or last):
-                        last_eval = shown = self.evaluate()
-                        metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
-                        # An evaluation that used up the budget is the run's last: another step
-                        # would end in a second evaluation of nearly the same weights.
-                        last = last or out_of_time(cfg.trainer.max_minutes, t_start)
-                    metrics["perf/wall_clock"] = time.monotonic() - t_start
-                    tracker.log_metrics(metrics, step=done)
-                    log_plans(self.plans)
-                    if cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or last):
-                        self.save(done, tracker.run_id)
-                        tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
-                bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}",
-                                **({"cer": f"{shown['cer']:.3f}"} if "cer" in shown else {}),
-                                step_s=f"{metrics['perf/time/step']:.1f}")
-                self.step = done
-                if last:
-                    break
-            summary.update({"steps": self.step, "train_seconds": time.monotonic() - t_start,
-                            "eval_after": last_eval, "mlflow_run_id": tracker.run_id})
-            tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
-            tracker.log_summary(summary)
+            stop = stop_signals()
+            # SIGTERM / SIGINT (recipes/stop.py): between steps a signal is noted, and the loop
+            # ends at the next step boundary; the step in flight gets the grace period.
+            with stop.deferred():
+                for step in bar:
+                    with self._trainer_deaths_end_the_run(step):
+                        with stop.grace(cfg.trainer.stop_grace_s):   # the step in flight: finished or abandoned
+                            metrics = self.train_step(step)
+                            done = step + 1
+                            last = done == cfg.trainer.steps or out_of_time(cfg.trainer.max_minutes, t_start)
+                            if cfg.trainer.eval_every and (done % cfg.trainer.eval_every == 0 or last):
+                                last_eval = shown = self.evaluate()
+                                metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
+                                # An evaluation that used up the budget is the run's last: another step
+                                # would end in a second evaluation of nearly the same weights.
+                                last = last or out_of_time(cfg.trainer.max_minutes, t_start)
+                            metrics["perf/wall_clock"] = time.monotonic() - t_start
+                            tracker.log_metrics(metrics, step=done)
+                            # An artifact is sent synchronously: to a tracking server, which may be away
+                            # for a while, the plans go only with the checkpoints and at the end.
+                            if tracker.synchronous:
+                                log_plans(self.plans)
+                        # Read once: a signal after this is seen at the next step's end.
+                        stopping = stop.requested and not last
+                        # A stop checkpoints the step it let finish, save_every or not: resuming needs it.
+                        if stopping or cfg.trainer.save_every and (done % cfg.trainer.save_every == 0 or last):
+                            path = self.save(done, tracker.run_id)
+                            tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
+                            log_plans(self.plans)
+                    bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.3f}",
+                                    **({"cer": f"{shown['cer']:.3f}"} if "cer" in shown else {}),
+                                    step_s=f"{metrics['perf/time/step']:.1f}")
+                    self.step = done
+                    if stopping:
+                        raise stop.stopped(f"after step {done} (checkpoint {path.name})")
+                    if last:
+                        break
+                summary.update({"steps": self.step, "train_seconds": time.monotonic() - t_start,
+                                "eval_after": last_eval, "mlflow_run_id": tracker.run_id})
+                tracker.log_summary({"steps": self.group_lengths}, GROUP_LENGTHS)
+                log_plans(self.plans)
+                tracker.log_summary(summary)
         return summary
 
     def cleanup(self) -> None:
-        for g in getattr(self, "groups", []):
-            g.kill()
-        if getattr(self, "pg", None) is not None:   # a shared cluster outlives the run: free its bundles
-            from ray.util.placement_group import remove_placement_group
+        with stop_signals().deferred():   # a signal now must not leave actors or a local Ray behind
+            for g in getattr(self, "groups", []):
+                g.kill()
+            if getattr(self, "pg", None) is not None:   # a shared cluster outlives the run: free its bundles
+                from ray.util.placement_group import remove_placement_group
 
-            remove_placement_group(self.pg)
-        shutdown_ray()
+                remove_placement_group(self.pg)
+            shutdown_ray()
 
 
 def out_of_time(max_minutes: float | None, t_start: float) -> bool:

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+from collections import deque
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -63,8 +64,34 @@ def ensure_experiment(client, name: str, tracking_uri: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
+def end_status(exc_type: type[BaseException] | None) -> str:
+    """FINISHED; FAILED on an error; KILLED when a signal stopped the run (KeyboardInterrupt,
+    the recipes' RunStopped: BaseExceptions that are not errors of the run)."""
+    if exc_type is None:
+        return "FINISHED"
+    return "FAILED" if issubclass(exc_type, Exception) else "KILLED"
+
+
+class TrackingLost(RuntimeError):
+    """Metrics MLflow could not deliver: the tracking server stayed unreachable past its retries."""
+
+
+def logs_async(logger_cfg: LoggerConfig) -> bool:
+    """`logger.async_logging`, null meaning: for a tracking server (it can blink), not a local store."""
+    if logger_cfg.async_logging is not None:
+        return bool(logger_cfg.async_logging)
+    return logger_cfg.tracking_uri.startswith(("http://", "https://"))
+
+
 class MlflowRun:
-    """One MLflow run as a context manager; `log_metrics` drops non-finite values loudly."""
+    """One MLflow run as a context manager; `log_metrics` drops non-finite values loudly.
+
+    With `logger.async_logging` the metrics go from MLflow's background thread: the loop
+    does not wait for the store, and a server that is down is retried (MLflow's HTTP
+    retries) while training goes on, the metrics landing when it returns. At most
+    `logger.async_max_pending` steps are in flight; past that the loop waits for the
+    oldest. A batch that ran out of retries raises `TrackingLost` (at that wait, or at the
+    run's end, which waits for all)."""
 
     def __init__(self, logger_cfg: LoggerConfig, run_name: str, config: DictConfig | None = None,
                  tags: Mapping[str, str] | None = None, resume_run_id: str | None = None):
@@ -74,6 +101,8 @@ class MlflowRun:
         self.tags = dict(tags or {})
         self.resume_run_id = resume_run_id
         self.run = None
+        self.synchronous = not logs_async(logger_cfg)
+        self._pending: deque = deque()   # (step, MLflow's RunOperations) not yet waited for
 
     def __enter__(self) -> "MlflowRun":
         uri = absolute_tracking_uri(self.cfg.tracking_uri)
@@ -97,7 +126,14 @@ class MlflowRun:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        mlflow.end_run(status="FAILED" if exc_type else "FINISHED")
+        try:
+            self._wait_pending(0)   # the steps logged so far land before the run ends, stopped or not
+        except TrackingLost as lost:
+            if exc_type is None:
+                raise
+            log.error("while the run ended on %s: %s", exc_type.__name__, lost)   # that one is the error to raise
+        finally:
+            mlflow.end_run(status=end_status(exc_type))
 
     @property
     def run_id(self) -> str:
@@ -111,7 +147,22 @@ class MlflowRun:
                 clean[key] = value
             else:
                 log.warning("metric %s=%s at step %d is not finite; not logged", key, value, step)
-        mlflow.log_metrics(clean, step=step)
+        if self.synchronous:
+            mlflow.log_metrics(clean, step=step)
+            return
+        self._pending.append((step, mlflow.log_metrics(clean, step=step, synchronous=False)))
+        self._wait_pending(self.cfg.async_max_pending)
+
+    def _wait_pending(self, keep: int) -> None:
+        """Wait for the oldest batches in flight until at most `keep` are left."""
+        while len(self._pending) > keep:
+            step, operations = self._pending.popleft()
+            try:
+                operations.wait()
+            except Exception as exc:   # MLflow's own error after its last retry
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise TrackingLost(f"MLflow at {self.cfg.tracking_uri} did not take the metrics of step {step} "
+                                   f"within its retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES): {reason}") from exc
 
     def log_summary(self, summary: Mapping[str, Any], name: str = "summary.json") -> None:
         mlflow.log_text(json.dumps(summary, indent=2, sort_keys=True, default=str), name)
