@@ -4,6 +4,7 @@ the peak memory of every stage (by role for the RL run's Ray actors) and its tim
 
     python bench/full_size.py                                # model=qwen3_asr_0p6b
     python bench/full_size.py --model qwen3_asr_1p7b
+    python bench/full_size.py --rl-override trainer.zero_stage=0 --rl-override model.lora.rank=8
     python bench/full_size.py --model tiny_qwen3_asr --out /tmp/fs   # the seconds-long dry run
 
 Each stage is the project's own command in a subprocess (`asr_grpo.init_checkpoint`,
@@ -155,6 +156,8 @@ def main() -> None:
     # float32 on CPUs without AVX512-BF16/AMX (bf16 matmuls are emulated there, several
     # times slower); the published configs' bfloat16 is the GPU setting.
     ap.add_argument("--dtype", default="float32", help="model.dtype for SFT and RL")
+    ap.add_argument("--rl-override", action="append", default=[],
+                    help="an extra override for the RL run (repeatable), e.g. trainer.zero_stage=0")
     args = ap.parse_args()
     out = Path(args.out or REPO / "bench" / "results" / "cpu_2core_full_size")
     out.mkdir(parents=True, exist_ok=True)
@@ -182,7 +185,8 @@ def main() -> None:
                                         "trainer.prompts_per_step=2", "algorithm.n_samples_per_prompt=4",
                                         "algorithm.max_new_tokens=24", "trainer.eval_every=0",
                                         "trainer.eval_max_utterances=2", f"trainer.save_every={args.rl_steps}",
-                                        f"trainer.output_dir={work / 'rl'}"], work, args.stage_timeout_s)
+                                        f"trainer.output_dir={work / 'rl'}", *args.rl_override], work,
+                                 args.stage_timeout_s)
         stages["rl"]["phases"] = rl_phases(f"sqlite:///{work}/mlflow.db")
         rl_ckpts = sorted((work / "rl").glob("step_*"))
         if rl_ckpts:
