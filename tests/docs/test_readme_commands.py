@@ -18,7 +18,7 @@ from asr_grpo.config import register_configs
 from asr_grpo.config.store import CONF_DIR
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG_OF = {"run": "config", "sft": "sft", "compare": "compare", "forecast": "forecast"}
+CONFIG_OF = {"run": "config", "sft": "sft", "compare": "compare", "forecast": "forecast", "init_checkpoint": "init"}
 
 
 def readme_commands() -> list[str]:

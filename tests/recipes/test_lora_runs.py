@@ -41,8 +41,8 @@ def lm_and_frozen_keys(weights: dict) -> tuple[list[str], list[str]]:
 @slow
 def test_sft_trains_the_adapters_and_saves_a_merged_checkpoint_and_the_adapter(root):
     out = root / "checkpoints" / "sft-lora"
-    cfg = compose_cfg(root, LORA, f"model.path={sft_start(root)}", f"sft.output_dir={out}", "sft.max_steps=3",
-                      "sft.ctc_warmup_steps=0", "sft.lr=1e-3", "sft.warmup_steps=0")
+    cfg = compose_cfg(root, LORA, f"model.path={sft_start(root)}", f"sft.output_dir={out}", "sft=finetune",
+                      "sft.max_steps=3", "sft.ctc_warmup_steps=0", "sft.lr=1e-3", "sft.warmup_steps=0")
     summary = run_sft(cfg)
     assert summary["steps"] == 3
     assert 0 < summary["params/trainable"] < 0.2 * summary["params/total"]   # the adapters only

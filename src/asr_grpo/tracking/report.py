@@ -24,8 +24,9 @@ MODE_ORDER = {m.value: i for i, m in enumerate(OverlapMode)}
 ROLE_ORDER = ("actor", "ref", "critic", "reward_model", "reward", "rollout")
 ALIASES = {"overlap.mode": "overlap", "placement.name": "placement"}
 FIXED_KEYS = ("overlap.mode", "placement.name")
-# Params that differ between runs without being an experimental choice.
-_RUN_SPECIFIC = re.compile(r"^(paths\.|logger\.|trainer\.output_dir$|trainer\.resume$|placement\.[a-z_]+\.\d+$)")
+# Params that differ between runs without being an experimental choice (`overrides`: the
+# command line, seed included, whose choices are params of their own).
+_RUN_SPECIFIC = re.compile(r"^(paths\.|logger\.|trainer\.output_dir$|trainer\.resume$|placement\.[a-z_]+\.\d+$|overrides$)")
 
 # (key, header, format) of the per-run numbers the table and the CSVs show.
 METRICS = (
