@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # torch first, pinned to the CPU wheel on disk: an unpinned torch pulls a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: help install run bench bench-remote sweep compare sft lint test test-cluster test-fast clean-outputs
+.PHONY: help install run bench bench-remote sweep compare sft lint test test-long test-cluster test-fast clean-outputs
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -39,8 +39,11 @@ sft: install  ## SFT warm start only: corpus + tiny Qwen3-ASR, prints dev CER
 lint: install  ## ruff (pyproject.toml [tool.ruff]): style, unused names, import order, likely bugs
 	$(VENV)/bin/ruff check .
 
-test: lint  ## ruff, then the test suite (slow tests included; the two-node cluster test is its own leg), as CI runs it
-	$(PY) -m pytest -q -m "not cluster"
+test: lint  ## ruff, then the test suite (slow tests included; the long real runs and the two-node cluster test are legs of their own), as CI runs it
+	$(PY) -m pytest -q -m "not cluster and not long"
+
+test-long: install  ## the long real runs (resume, signals, faults, LoRA, objectives, sweeps), CI's second leg
+	$(PY) -m pytest -q -m long
 
 test-cluster: install  ## the two-node Ray cluster test on loopback (~3.5 min), CI's second leg
 	$(PY) -m pytest -q -m cluster

@@ -10,6 +10,8 @@ import sys
 import pytest
 from helpers import BENCH_DIR
 
+pytestmark = pytest.mark.long   # a real run of a minute or more: `make test-long`, CI's own leg
+
 
 @pytest.mark.slow
 def test_sft_full_and_lora_are_measured_side_by_side(tmp_path):

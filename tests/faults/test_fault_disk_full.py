@@ -20,6 +20,8 @@ import pytest
 
 from asr_grpo.models import step_checkpoints as ckpt
 
+pytestmark = pytest.mark.long   # a real run of a minute or more: `make test-long`, CI's own leg
+
 
 @pytest.fixture
 def small_disk(tmp_path):

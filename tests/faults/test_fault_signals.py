@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from asr_grpo.models import step_checkpoints as ckpt
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]   # three runs of the command, one after another
+pytestmark = [pytest.mark.long, pytest.mark.slow, pytest.mark.timeout(1800)]   # three runs of the command, one after another
 GRACE_S = 45   # below a real scheduler's 30-60 s; the test machine may be slow
 
 

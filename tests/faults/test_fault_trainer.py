@@ -15,7 +15,7 @@ from asr_grpo.distributed.faults import TrainerDied
 from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.recipes.rl import run_rl
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.long, pytest.mark.slow]
 
 
 def manifests_with_bad_lines(root: Path, folder: Path) -> list[str]:

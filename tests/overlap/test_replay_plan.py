@@ -36,6 +36,8 @@ from asr_grpo.rollout.pool import SequencePool
 from asr_grpo.tracking import MlflowRun
 from asr_grpo.tracking.plans import log_plans, read_plans
 
+pytestmark = pytest.mark.long   # a real run of a minute or more: `make test-long`, CI's own leg
+
 EOS, TOKEN, B, N = 0, 7, 2, 2
 RECORD = {0: plan_record(0, StepPlan(None, 0), ["a", "b"]),
           1: plan_record(1, StepPlan(8, 2), ["c", "d", "e"])}

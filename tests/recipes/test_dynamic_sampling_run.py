@@ -11,7 +11,7 @@ from helpers import compose_cfg, metric_history
 
 from asr_grpo.recipes.rl import run_rl
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.long, pytest.mark.slow]
 
 # Half the utterances (by their text) get 1.0 on every sample; the others a number drawn
 # from the transcript, so their groups spread unless both samples read the same.

@@ -20,6 +20,8 @@ from asr_grpo.models.lora import ADAPTER_DIR
 from asr_grpo.recipes.rl import RLRecipe, run_rl
 from asr_grpo.recipes.sft import SFTRecipe, run_sft
 
+pytestmark = pytest.mark.long   # a real run of a minute or more: `make test-long`, CI's own leg
+
 slow = pytest.mark.slow   # Ray actors and DeepSpeed engines: tens of seconds each
 
 LORA = "model.lora.rank=8"

@@ -10,7 +10,7 @@ from helpers import compose_cfg
 from asr_grpo.experience.types import SequenceRef
 from asr_grpo.recipes.rl import RLRecipe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.long, pytest.mark.slow]
 
 
 def run_steps(cfg, steps: int):

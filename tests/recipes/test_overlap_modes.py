@@ -16,7 +16,7 @@ from asr_grpo.experience.maker import split_even
 from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.recipes.rl import RLRecipe, run_rl
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.long, pytest.mark.slow]
 SINGLE_SAMPLE = ("algorithm.n_samples_per_prompt=1", "algorithm.advantage_estimator=reinforce_baseline")
 
 

@@ -17,7 +17,7 @@ from asr_grpo.distributed.net import free_port
 from asr_grpo.recipes.rl import RLRecipe
 from asr_grpo.rewards.server import ServerSettings, build_app
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.long, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

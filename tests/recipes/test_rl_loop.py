@@ -18,7 +18,7 @@ from asr_grpo.recipes.rl import RLRecipe, run_rl
 from asr_grpo.tracking import absolute_tracking_uri
 from asr_grpo.tracking.runs import group_lengths
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.long, pytest.mark.slow]
 
 
 def test_grpo_colocate_trains_logs_checkpoints_and_resumes(root):

@@ -12,6 +12,8 @@ import pytest
 import torch
 from helpers import call_main, compose_cfg
 
+pytestmark = pytest.mark.long   # a real run of a minute or more: `make test-long`, CI's own leg
+
 
 @pytest.fixture(scope="module")
 def reading_start(root, tmp_path_factory):

@@ -23,6 +23,8 @@ from asr_grpo.models import step_checkpoints as ckpt
 from asr_grpo.tracking import mlflow_run
 from asr_grpo.tracking.mlflow_run import MlflowRun, TrackingLost, logs_async
 
+pytestmark = pytest.mark.long   # a real run of a minute or more: `make test-long`, CI's own leg
+
 
 def free_port() -> int:
     with socket.socket() as s:

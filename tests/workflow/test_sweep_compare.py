@@ -17,7 +17,7 @@ from asr_grpo.models import is_complete_checkpoint
 from asr_grpo.tracking.runs import history
 from asr_grpo.tracking.selection import SelectionError, open_store, select_runs
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]   # the session fixture brings up a cluster and a sweep
+pytestmark = [pytest.mark.long, pytest.mark.slow, pytest.mark.timeout(1800)]   # the session fixture brings up a cluster and a sweep
 
 
 @pytest.fixture(scope="module")
