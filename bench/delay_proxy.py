@@ -5,27 +5,30 @@ has no `netem` qdisc, and no Toxiproxy package is reachable.)
 Bytes keep their order; each chunk read is written `one_way_s` after it arrived, so a
 request/answer exchange pays 2 x one_way_s on top of the service's own time, and
 several connections are delayed independently (a latency, not a bandwidth cap).
+
+    python bench/delay_proxy.py TARGET_PORT ONE_WAY_S --port PORT   # its own process, until killed
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import threading
 
 
 class DelayProxy:
-    def __init__(self, target_port: int, one_way_s: float, host: str = "127.0.0.1"):
+    def __init__(self, target_port: int, one_way_s: float, host: str = "127.0.0.1", port: int = 0):
         self.target = (host, target_port)
         self.one_way_s, self.host = one_way_s, host
-        self.port = 0
+        self.port = port
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="delay-proxy", daemon=True)
         self._server: asyncio.base_events.Server | None = None
 
     def start(self) -> int:
-        """Listen on a free port (returned) in a background thread."""
+        """Listen on `port` (0: a free one), returned, in a background thread."""
         self._thread.start()
         self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, self.host, 0), self._loop).result(10)
+            asyncio.start_server(self._handle, self.host, self.port), self._loop).result(10)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -78,3 +81,18 @@ class DelayProxy:
         finally:
             queue.put_nowait((loop.time() + self.one_way_s, None))
             await sender
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="delay every byte between loopback ports")
+    ap.add_argument("target_port", type=int)
+    ap.add_argument("one_way_s", type=float)
+    ap.add_argument("--port", type=int, default=0)
+    args = ap.parse_args()
+    proxy = DelayProxy(args.target_port, args.one_way_s, port=args.port)
+    print(f"delay_proxy listening on {proxy.start()}", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,12 @@ used, as a remote GPU uses none of ours) and then scores with the built-in ASR r
 the trainer reaches it over loopback through `bench/delay_proxy.py`, which delays every
 byte by `one_way_s` each way. So the service scores `slots / seconds_per_sequence`
 sequences a second, at most `slots` requests at once, and every request pays
-2 x one_way_s of network on top.
+2 x one_way_s of network on top. The server and the proxy stand for another machine and
+its network, so by default (`--service-priority idle`) both run as their own processes
+under Linux's SCHED_IDLE policy: they get a core only when no process of the trainer
+wants it, and never preempt one (a service on another box takes none of these cores).
+The client side (the reward worker's HTTP client, the driver's feed) runs as any run's
+does. `--service-priority normal` runs them as ordinary processes sharing the 2 cores.
 
 The ideal (what a perfect pipeline could hide): every sequence sent the moment its last
 token is sampled (its `finished_at`), served first come first served on the `slots`,
@@ -41,7 +46,6 @@ from pathlib import Path
 
 from asr_grpo.overlap.cost_model import service_drain
 from asr_grpo.tracking.speedup_ci import format_speedup, speedup_ci
-from delay_proxy import DelayProxy
 from overlap_speedup import COMMON, compose_run, load_run, median, report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,23 +67,42 @@ CALLBACK_KEYS = ("perf/time/step", "perf/time/reward_wait", "perf/time/rollout",
                  "perf/time/scoring_wall", "perf/time/training", "perf/time/sync", "overlap/chunk", "overlap/delta")
 
 
-def start_judge(slots: int, seconds_per_sequence: float, port: int) -> subprocess.Popen:
-    env = {**os.environ, "ASR_GRPO_JUDGE_SECONDS_PER_SEQUENCE": str(seconds_per_sequence)}
-    proc = subprocess.Popen([sys.executable, "-m", "asr_grpo.rewards.server", "--port", str(port),
-                             "--reward-file", str(JUDGE), "--concurrency", str(slots), "--max-queue", "1024",
-                             "--log-level", "warning"], env=env)
+def idle_priority() -> None:
+    """Put this process, and the threads and processes it starts, under SCHED_IDLE."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def start_service(setting: tuple[float, int, float], port: int, priority: str) -> tuple[list[subprocess.Popen], str]:
+    """The judge server on `port` and the delaying proxy in front of it, each its own
+    process at `priority`: (the processes, the URL the trainer posts to)."""
+    per_seq, slots, one_way = setting
+    preexec = idle_priority if priority == "idle" else None
+    env = {**os.environ, "ASR_GRPO_JUDGE_SECONDS_PER_SEQUENCE": str(per_seq)}
+    procs = [subprocess.Popen([sys.executable, "-m", "asr_grpo.rewards.server", "--port", str(port),
+                               "--reward-file", str(JUDGE), "--concurrency", str(slots), "--max-queue", "1024",
+                               "--log-level", "warning"], env=env, preexec_fn=preexec),
+             subprocess.Popen([sys.executable, str(REPO / "bench" / "delay_proxy.py"), str(port), str(one_way),
+                               "--port", str(port + 1)], preexec_fn=preexec)]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/health", timeout=2) as r:
                 if r.status == 200:
-                    return proc
+                    return procs, f"http://127.0.0.1:{port + 1}/score"
         except OSError:
             time.sleep(0.5)
-        if proc.poll() is not None:
-            raise RuntimeError(f"the judge server exited with {proc.returncode}")
-    proc.kill()
-    raise RuntimeError("the judge server did not answer /health within 120 s")
+        if any(p.poll() is not None for p in procs):
+            break
+    stop_service(procs)
+    raise RuntimeError("the judge server or its proxy exited, or /health did not answer through the "
+                       "proxy within 120 s")
+
+
+def stop_service(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(30)
 
 
 def step_record(trained) -> dict:
@@ -112,7 +135,7 @@ def finish_spread(records: list[dict]) -> dict:
 
 
 def analyse(name: str, setting: tuple, runs: dict[str, list[dict]], timelines: dict[str, list[list[dict]]],
-            warmup: int, window: int, forecast: dict | None) -> dict:
+            warmup: int, window: int, forecast: dict | None, priority: str = "idle") -> dict:
     base = report(f"remote_reward/{name}", [*WORKLOAD], runs, window)
     serial = [[r for r in tl if r["step"] + 1 > warmup] for tl in timelines["none"]]
     ideals = [[ideal_step(r, setting) for r in tl] for tl in serial]   # (ideal step, exposed wait)
@@ -121,7 +144,8 @@ def analyse(name: str, setting: tuple, runs: dict[str, list[dict]], timelines: d
     per_step = len(serial[0][0]["finished_at"]) if serial and serial[0] else 0
     base.update({
         "setting": {"seconds_per_sequence": setting[0], "slots": setting[1], "one_way_latency_s": setting[2],
-                    "sequences_per_second": setting[1] / setting[0] if setting[0] else None},
+                    "sequences_per_second": setting[1] / setting[0] if setting[0] else None,
+                    "service_priority": priority},
         "serial_reward_wait_s": median([r["perf/time/reward_wait"] for tl in serial for r in tl]),
         # what the service alone adds to a serial step: every sequence through its slots, one round trip
         "nominal_serial_wait_s": per_step * setting[0] / setting[1] + 2 * setting[2],
@@ -146,7 +170,8 @@ def markdown(results: list[dict]) -> str:
     for r in results:
         s = r["setting"]
         service = (f"{s['slots']} slots x {1e3 * s['seconds_per_sequence']:.0f} ms/seq, "
-                   f"RTT {2e3 * s['one_way_latency_s']:.0f} ms")
+                   f"RTT {2e3 * s['one_way_latency_s']:.0f} ms"
+                   + (f", {s['service_priority']} priority" if "service_priority" in s else ""))
         spread = r["finish_spread"]
         spread_s = "/".join(f"{spread[k]:.2f}" for k in ("p10", "p50", "p90")) if spread else "-"
         for mode, m in r["modes"].items():
@@ -172,7 +197,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--window", type=int, default=3)
     ap.add_argument("--order-seed", type=int, default=0)
-    ap.add_argument("--port", type=int, default=18431, help="the judge server's port")
+    ap.add_argument("--port", type=int, default=18431, help="the judge server's port (its proxy: the next one)")
+    ap.add_argument("--service-priority", choices=["idle", "normal"], default="idle",
+                    help="the judge server's and proxy's scheduling: idle (SCHED_IDLE, another box's "
+                         "stand-in) or normal (sharing the cores with the trainer)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu_2core_remote_reward"))
     ap.add_argument("--output-root", default=str(REPO / "outputs"))
     ap.add_argument("--from-json", help="re-render an earlier result")
@@ -196,40 +224,38 @@ def main() -> None:
     results = []
     for name in args.settings:
         setting = SETTINGS[name]
-        judge = start_judge(setting[1], setting[0], args.port)
+        service, url = start_service(setting, args.port, args.service_priority)
         runs: dict[str, list[dict]] = {m: [] for m in args.modes}
         timelines: dict[str, list[list[dict]]] = {m: [] for m in args.modes}
         forecast = None
         try:
-            with DelayProxy(args.port, setting[2]) as proxy:
-                url = f"http://127.0.0.1:{proxy.port}/score"
-                for rep in range(args.repeats):
-                    order = list(args.modes)
-                    if rep:
-                        rng.shuffle(order)
-                    for mode in order:
-                        overrides = [f"paths.output_root={args.output_root}", f"overlap={mode}", *WORKLOAD,
-                                     f"reward.remote.urls=[{url}]", *COMMON, f"trainer.steps={args.steps}",
-                                     f"trainer.eval_every={args.steps}",
-                                     f"trainer.output_dir={args.output_root}/bench/remote-{name}-{mode}",
-                                     "logger.experiment_name=bench-remote-reward", *args.overrides]
-                        print(f"== remote_reward {name} / overlap={mode} / repeat {rep}", flush=True)
-                        timeline: list[dict] = []
-                        summary = run_rl(compose_run(overrides), run_name=f"remote-{stamp}-{name}-{mode}-r{rep}",
-                                         step_callbacks=[lambda t, timeline=timeline: timeline.append(step_record(t))])
-                        client = mlflow.tracking.MlflowClient(absolute_tracking_uri(
-                            f"sqlite:///{args.output_root}/mlflow.db"))
-                        runs[mode].append(load_run(client, summary["mlflow_run_id"], args.window, args.warmup))
-                        timelines[mode].append(timeline)
-                        steps = [r["perf/time/step"] for r in timeline[args.warmup:]]
-                        print(f"   mean step {statistics.fmean(steps):.2f} s", flush=True)
-                        if mode == "none" and rep == 0:
-                            forecast = predict_first(summary["mlflow_run_id"], out / f"forecast_{name}.json",
-                                                     args.output_root)
+            for rep in range(args.repeats):
+                order = list(args.modes)
+                if rep:
+                    rng.shuffle(order)
+                for mode in order:
+                    overrides = [f"paths.output_root={args.output_root}", f"overlap={mode}", *WORKLOAD,
+                                 f"reward.remote.urls=[{url}]", *COMMON, f"trainer.steps={args.steps}",
+                                 f"trainer.eval_every={args.steps}",
+                                 f"trainer.output_dir={args.output_root}/bench/remote-{name}-{mode}",
+                                 "logger.experiment_name=bench-remote-reward", *args.overrides]
+                    print(f"== remote_reward {name} / overlap={mode} / repeat {rep}", flush=True)
+                    timeline: list[dict] = []
+                    summary = run_rl(compose_run(overrides), run_name=f"remote-{stamp}-{name}-{mode}-r{rep}",
+                                     step_callbacks=[lambda t, timeline=timeline: timeline.append(step_record(t))])
+                    client = mlflow.tracking.MlflowClient(absolute_tracking_uri(
+                        f"sqlite:///{args.output_root}/mlflow.db"))
+                    runs[mode].append(load_run(client, summary["mlflow_run_id"], args.window, args.warmup))
+                    timelines[mode].append(timeline)
+                    steps = [r["perf/time/step"] for r in timeline[args.warmup:]]
+                    print(f"   mean step {statistics.fmean(steps):.2f} s", flush=True)
+                    if mode == "none" and rep == 0:
+                        forecast = predict_first(summary["mlflow_run_id"], out / f"forecast_{name}.json",
+                                                 args.output_root)
         finally:
-            judge.terminate()
-            judge.wait(30)
-        results.append(analyse(name, setting, runs, timelines, args.warmup, args.window, forecast))
+            stop_service(service)
+        results.append(analyse(name, setting, runs, timelines, args.warmup, args.window, forecast,
+                               args.service_priority))
         (out / "remote_reward.json").write_text(json.dumps(results, indent=1))
         (out / "remote_reward.md").write_text(markdown(results))
     print(markdown(results))

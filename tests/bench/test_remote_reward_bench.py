@@ -88,3 +88,30 @@ def test_the_ideal_hides_what_the_service_drains_before_the_decode_ends():
     assert exposed == pytest.approx(0.2 + 0.1) and step == pytest.approx(3.0 - 0.2)
     spread = bench.finish_spread([rec])
     assert spread["p10"] == pytest.approx(0.1) and spread["p90"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("priority,policy", [("idle", "SCHED_IDLE"), ("normal", "SCHED_OTHER")])
+def test_the_stand_in_service_runs_at_its_priority_and_answers_through_the_proxy(priority, policy):
+    import json
+    import os
+    import urllib.request
+
+    bench = load_bench_script("remote_reward")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    procs, url = bench.start_service((0.0, 2, 0.05), port, priority)
+    try:
+        assert [os.sched_getscheduler(p.pid) for p in procs] == [getattr(os, policy)] * 2
+        body = json.dumps({"query": ["language English<asr_text>the cat"], "prompts": [""], "labels": ["the cat"],
+                           "responses": ["language English<asr_text>the cat"], "languages": ["en"]}).encode()
+        t0 = time.monotonic()
+        with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"}),
+                                    timeout=30) as r:
+            answer = json.loads(r.read())
+        assert time.monotonic() - t0 >= 0.1                  # through the proxy: 2 x 0.05 s
+        assert len(answer["rewards"]) == 1 and answer["rewards"][0] > 0
+    finally:
+        bench.stop_service(procs)
+    assert all(p.returncode is not None for p in procs)
