@@ -65,6 +65,23 @@ def test_reward_fault_raises_or_drops_only_the_affected_samples(tmp_path, fault)
         assert out["hung_calls"] > 0
 
 
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_call_that_hangs_once_is_tried_again_before_the_policy(tmp_path, retries):
+    # hangs on its first call only: a stall in what it calls out to, which passes
+    body = ("    global CALLS\n    CALLS = globals().get('CALLS', 0) + 1\n"
+            "    if CALLS == 1: time.sleep(3)\n    return {'rewards': [float(len(l)) for l in labels]}\n")
+    path = tmp_path / "stalls_once.py"
+    path.write_text(HEAD + body)
+    strict = RewardWorker(str(path), timeout_s=0.5, on_bad_reward="error", hang_retries=retries)
+    if not retries:
+        with pytest.raises(RewardFunctionError, match="did not return within 0.5 s"):
+            strict.score(BATCH)
+        return
+    out = strict.score(BATCH)
+    assert out["total"] == [7.0, 7.0, 6.0] and out["keep"] == [True] * 3
+    assert out["hung_calls"] >= 1   # the first call's thread still runs: the driver restarts the worker
+
+
 def test_a_reward_file_that_does_not_import_fails_at_start(tmp_path):
     path = tmp_path / "broken.py"
     path.write_text("import numpy_but_misspelt\n")

@@ -440,6 +440,9 @@ class RewardConfig:
     text_lm_lr: float = 3e-3
     text_lm_seed: int = 0
     timeout_s: float = 30.0
+    # A reward_func call that hangs past timeout_s is tried again this many times (a stall in
+    # what it calls out to can pass) before on_bad_reward decides.
+    hang_retries: int = 1
     on_bad_reward: OnBadReward = OnBadReward.error
     # The reward served over HTTP instead of reward_file (reward=remote sets urls).
     remote: RemoteRewardConfig = field(default_factory=RemoteRewardConfig)

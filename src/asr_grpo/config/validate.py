@@ -112,6 +112,7 @@ def config_problems(cfg: Any) -> list[str]:
     if (problem := reward_file_problem(cfg.reward)) is not None:
         problems.append(problem)
     _check_remote_reward(cfg.reward, need)
+    need(cfg.reward.hang_retries >= 0, f"reward.hang_retries={cfg.reward.hang_retries}: must be >= 0")
     return problems
 
 

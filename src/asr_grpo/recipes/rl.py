@@ -142,7 +142,7 @@ class RLRecipe:
         else:
             self.reward = mk("reward", RewardWorker, reward_file=cfg.reward.reward_file,
                              weights=dict(cfg.reward.weights), timeout_s=cfg.reward.timeout_s,
-                             on_bad_reward=cfg.reward.on_bad_reward)
+                             on_bad_reward=cfg.reward.on_bad_reward, hang_retries=cfg.reward.hang_retries)
         self.reward_model = mk("reward_model", RewardModelRole, cfg=cfg_dict) if use_lm else None
         self.rollout_group = None
         if self.separate_rollout:

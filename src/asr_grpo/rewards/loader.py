@@ -185,7 +185,7 @@ def sanitize(result: RewardResult, on_bad: str = "error", *,
 
 def call_reward_function(fn: Callable[..., Any], *, queries: Sequence[str],
                          prompts: Sequence[str], labels: Sequence[str],
-                         timeout_s: float | None = 30.0,
+                         timeout_s: float | None = 30.0, hang_retries: int = 0,
                          sample_ids: Sequence | None = None, source: str | None = None,
                          on_bad: str = "error", **kwargs: Any) -> RewardResult:
     """Call a reward function on N samples and return a validated `RewardResult`.
@@ -194,7 +194,8 @@ def call_reward_function(fn: Callable[..., Any], *, queries: Sequence[str],
     where fn's signature accepts them (`accepted_kwargs`): a file that takes only
     (queries, prompts, labels) gets none. `source` names the file in errors (default:
     the function's source file); `sample_ids` name the samples in errors (default:
-    their indices).
+    their indices). A call that hangs past `timeout_s` is made again up to `hang_retries`
+    times (each hung thread keeps running: see `hung_reward_calls`) before `on_bad` decides.
     """
     _check_on_bad(on_bad)     # before running user code, not after
     source = source or _source_of(fn)
@@ -211,10 +212,16 @@ def call_reward_function(fn: Callable[..., Any], *, queries: Sequence[str],
     def run(rows: list[int]) -> RewardResult:
         # Positional, as in OpenRLHF's contract: a file may name the three parameters freely.
         per_sample = {k: [v[i] for i in rows] if is_per_sample(v, n) else v for k, v in kwargs.items()}
-        out = _run_with_timeout(fn, timeout_s, source, describe_samples([ids[i] for i in rows], len(rows)),
-                                [queries[i] for i in rows], [prompts[i] for i in rows],
-                                [labels[i] for i in rows], **per_sample)
-        return to_reward_result(out, len(rows), source)
+        for attempt in range(hang_retries + 1):
+            try:
+                out = _run_with_timeout(fn, timeout_s, source, describe_samples([ids[i] for i in rows], len(rows)),
+                                        [queries[i] for i in rows], [prompts[i] for i in rows],
+                                        [labels[i] for i in rows], **per_sample)
+                return to_reward_result(out, len(rows), source)
+            except RewardTimeout as exc:
+                if attempt == hang_retries:
+                    raise
+                log.warning("%s: trying again (%d of %d)", exc, attempt + 1, hang_retries)
 
     try:
         result = run(list(range(n)))

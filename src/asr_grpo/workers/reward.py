@@ -20,12 +20,13 @@ class RewardWorker(BusyClock):
     """
 
     def __init__(self, reward_file: str | None = "", weights: Mapping[str, float] | None = None,
-                 timeout_s: float = 30.0, on_bad_reward: str = "error") -> None:
+                 timeout_s: float = 30.0, on_bad_reward: str = "error", hang_retries: int = 0) -> None:
         self.reward_file = reward_file
         self.fn = load_reward_function(reward_file)
         self.weights = dict(weights) if weights else None
         self.timeout_s = timeout_s
         self.on_bad = on_bad_reward
+        self.hang_retries = hang_retries
 
     @busy
     def score(self, batch: Mapping[str, Any]) -> dict:
@@ -37,7 +38,7 @@ class RewardWorker(BusyClock):
         if self.weights is not None:
             kwargs.setdefault("weights", self.weights)
         result = call_reward_function(
-            self.fn, timeout_s=self.timeout_s, source=self.reward_file or None,
+            self.fn, timeout_s=self.timeout_s, hang_retries=self.hang_retries, source=self.reward_file or None,
             on_bad=self.on_bad, **kwargs)
         # > 0 after a timeout under the drop policy: the caller restarts this actor.
         return {**result.to_dict(), "hung_calls": hung_reward_calls()}
