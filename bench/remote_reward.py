@@ -14,11 +14,12 @@ the trainer reaches it over loopback through `bench/delay_proxy.py`, which delay
 byte by `one_way_s` each way. So the service scores `slots / seconds_per_sequence`
 sequences a second, at most `slots` requests at once, and every request pays
 2 x one_way_s of network on top. The server and the proxy stand for another machine and
-its network, so by default (`--service-priority idle`) both run as their own processes
-under Linux's SCHED_IDLE policy: they get a core only when no process of the trainer
-wants it, and never preempt one (a service on another box takes none of these cores).
-The client side (the reward worker's HTTP client, the driver's feed) runs as any run's
-does. `--service-priority normal` runs them as ordinary processes sharing the 2 cores.
+its network, so by default (`--cores split`) they run on the box's last core and the
+trainer (this process, Ray and every actor it starts) on the others: the service's own
+CPU work never lands on a trainer core, as on another machine, and the trainer's torch
+threads follow the cores it has (`workers/threads.node_cores`). The client side (the
+reward worker's HTTP client, the driver's feed) runs on the trainer's cores, as it would
+with a real remote service. `--cores shared` runs everything on every core.
 
 The ideal (what a perfect pipeline could hide): every sequence sent the moment its last
 token is sampled (its `finished_at`), served first come first served on the `slots`,
@@ -67,16 +68,19 @@ CALLBACK_KEYS = ("perf/time/step", "perf/time/reward_wait", "perf/time/rollout",
                  "perf/time/scoring_wall", "perf/time/training", "perf/time/sync", "overlap/chunk", "overlap/delta")
 
 
-def idle_priority() -> None:
-    """Put this process, and the threads and processes it starts, under SCHED_IDLE."""
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+def split_cores() -> tuple[set[int], set[int]]:
+    """(the trainer's cores, the service's core): the last core is the service's."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--cores split needs 2 or more cores (the service takes one); use --cores shared")
+    return set(cores[:-1]), {cores[-1]}
 
 
-def start_service(setting: tuple[float, int, float], port: int, priority: str) -> tuple[list[subprocess.Popen], str]:
+def start_service(setting: tuple[float, int, float], port: int, cores: set[int] | None) -> tuple[list[subprocess.Popen], str]:
     """The judge server on `port` and the delaying proxy in front of it, each its own
-    process at `priority`: (the processes, the URL the trainer posts to)."""
+    process on `cores` (None: any): (the processes, the URL the trainer posts to)."""
     per_seq, slots, one_way = setting
-    preexec = idle_priority if priority == "idle" else None
+    preexec = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     env = {**os.environ, "ASR_GRPO_JUDGE_SECONDS_PER_SEQUENCE": str(per_seq)}
     procs = [subprocess.Popen([sys.executable, "-m", "asr_grpo.rewards.server", "--port", str(port),
                                "--reward-file", str(JUDGE), "--concurrency", str(slots), "--max-queue", "1024",
@@ -135,7 +139,7 @@ def finish_spread(records: list[dict]) -> dict:
 
 
 def analyse(name: str, setting: tuple, runs: dict[str, list[dict]], timelines: dict[str, list[list[dict]]],
-            warmup: int, window: int, forecast: dict | None, priority: str = "idle") -> dict:
+            warmup: int, window: int, forecast: dict | None, cores: dict | None = None) -> dict:
     base = report(f"remote_reward/{name}", [*WORKLOAD], runs, window)
     serial = [[r for r in tl if r["step"] + 1 > warmup] for tl in timelines["none"]]
     ideals = [[ideal_step(r, setting) for r in tl] for tl in serial]   # (ideal step, exposed wait)
@@ -145,7 +149,7 @@ def analyse(name: str, setting: tuple, runs: dict[str, list[dict]], timelines: d
     base.update({
         "setting": {"seconds_per_sequence": setting[0], "slots": setting[1], "one_way_latency_s": setting[2],
                     "sequences_per_second": setting[1] / setting[0] if setting[0] else None,
-                    "service_priority": priority},
+                    "cores": cores},
         "serial_reward_wait_s": median([r["perf/time/reward_wait"] for tl in serial for r in tl]),
         # what the service alone adds to a serial step: every sequence through its slots, one round trip
         "nominal_serial_wait_s": per_step * setting[0] / setting[1] + 2 * setting[2],
@@ -171,7 +175,8 @@ def markdown(results: list[dict]) -> str:
         s = r["setting"]
         service = (f"{s['slots']} slots x {1e3 * s['seconds_per_sequence']:.0f} ms/seq, "
                    f"RTT {2e3 * s['one_way_latency_s']:.0f} ms"
-                   + (f", {s['service_priority']} priority" if "service_priority" in s else ""))
+                   + (f"; trainer on {len(s['cores']['trainer'])} core(s), service on {len(s['cores']['service'])}"
+                      if s.get("cores") else ""))
         spread = r["finish_spread"]
         spread_s = "/".join(f"{spread[k]:.2f}" for k in ("p10", "p50", "p90")) if spread else "-"
         for mode, m in r["modes"].items():
@@ -198,9 +203,9 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=3)
     ap.add_argument("--order-seed", type=int, default=0)
     ap.add_argument("--port", type=int, default=18431, help="the judge server's port (its proxy: the next one)")
-    ap.add_argument("--service-priority", choices=["idle", "normal"], default="idle",
-                    help="the judge server's and proxy's scheduling: idle (SCHED_IDLE, another box's "
-                         "stand-in) or normal (sharing the cores with the trainer)")
+    ap.add_argument("--cores", choices=["split", "shared"], default="split",
+                    help="split: the service (server, proxy) on the last core, the trainer on the others; "
+                         "shared: everything on every core")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu_2core_remote_reward"))
     ap.add_argument("--output-root", default=str(REPO / "outputs"))
     ap.add_argument("--from-json", help="re-render an earlier result")
@@ -217,6 +222,12 @@ def main() -> None:
     from asr_grpo.recipes.rl import run_rl
     from asr_grpo.tracking import absolute_tracking_uri
 
+    service_cores = None
+    cores_used = None
+    if args.cores == "split":   # before Ray starts: its processes inherit this process's cores
+        trainer_cores, service_cores = split_cores()
+        os.sched_setaffinity(0, trainer_cores)
+        cores_used = {"trainer": sorted(trainer_cores), "service": sorted(service_cores)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.order_seed)
@@ -224,7 +235,7 @@ def main() -> None:
     results = []
     for name in args.settings:
         setting = SETTINGS[name]
-        service, url = start_service(setting, args.port, args.service_priority)
+        service, url = start_service(setting, args.port, service_cores)
         runs: dict[str, list[dict]] = {m: [] for m in args.modes}
         timelines: dict[str, list[list[dict]]] = {m: [] for m in args.modes}
         forecast = None
@@ -255,7 +266,7 @@ def main() -> None:
         finally:
             stop_service(service)
         results.append(analyse(name, setting, runs, timelines, args.warmup, args.window, forecast,
-                               args.service_priority))
+                               cores_used))
         (out / "remote_reward.json").write_text(json.dumps(results, indent=1))
         (out / "remote_reward.md").write_text(markdown(results))
     print(markdown(results))
