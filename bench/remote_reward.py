@@ -14,12 +14,12 @@ the trainer reaches it over loopback through `bench/delay_proxy.py`, which delay
 byte by `one_way_s` each way. So the service scores `slots / seconds_per_sequence`
 sequences a second, at most `slots` requests at once, and every request pays
 2 x one_way_s of network on top. The server and the proxy stand for another machine and
-its network, so by default (`--cores split`) they run on the box's last core and the
-trainer (this process, Ray and every actor it starts) on the others: the service's own
-CPU work never lands on a trainer core, as on another machine, and the trainer's torch
-threads follow the cores it has (`workers/threads.node_cores`). The client side (the
-reward worker's HTTP client, the driver's feed) runs on the trainer's cores, as it would
-with a real remote service. `--cores shared` runs everything on every core.
+its network. By default (`--cores shared`) they share every core with the trainer. With
+`--cores split` they run on the box's last core and the trainer (this process, Ray and
+every actor it starts) on the others: the service's own CPU work never lands on a
+trainer core, as on another machine, and the trainer's torch threads follow the cores
+it has (`workers/threads.node_cores`). Either way the client side (the reward worker's
+HTTP client, the driver's feed) runs on the trainer's cores, as with a real service.
 
 The ideal (what a perfect pipeline could hide): every sequence sent the moment its last
 token is sampled (its `finished_at`), served first come first served on the `slots`,
@@ -203,7 +203,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=3)
     ap.add_argument("--order-seed", type=int, default=0)
     ap.add_argument("--port", type=int, default=18431, help="the judge server's port (its proxy: the next one)")
-    ap.add_argument("--cores", choices=["split", "shared"], default="split",
+    ap.add_argument("--cores", choices=["split", "shared"], default="shared",
                     help="split: the service (server, proxy) on the last core, the trainer on the others; "
                          "shared: everything on every core")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu_2core_remote_reward"))
