@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+import time
 
 import pytest
 import ray
@@ -105,6 +107,27 @@ def test_rollout_and_reward_workers_killed_mid_step_are_restarted(recipe, fault_
     # The restarted rollout worker decodes with the trainer's weights.
     g = rollout.groups[0]
     probe = [SequenceRef("probe", g.prompt_ids, rollout.results[g.uid][0].tokens, g.features)]
+    engine = ray.get(recipe.rollout_group.call_rank(0, "compute_logprobs", probe))[0]
+    trainer = ray.get(recipe.policy.call_rank(0, "compute_logprobs", probe))[0]
+    torch.testing.assert_close(engine, trainer, rtol=0, atol=1e-6)
+
+
+def test_a_rollout_worker_lost_during_the_weight_push_is_restarted_and_pushed_again(recipe):
+    step(recipe)
+    pid, before = recipe.rollout_group.pids()[0], recipe.push_restores
+    # Inside the worker: its next weight receive ends the process before a byte is taken,
+    # so the trainer is mid-broadcast to a member that is gone (a lambda: pickled by value).
+    ray.get(recipe.rollout_group.handles[0].__ray_call__.remote(
+        lambda self: setattr(self.sync, "receive_into", lambda *a, **k: os._exit(1))))
+    t0 = time.monotonic()
+    metrics = step(recipe)   # the push after this step's update loses its member
+    assert time.monotonic() - t0 < recipe.cfg.rollout.weight_sync_timeout_s + 60   # bounded, not the old 600 s
+    assert recipe.rollout_group.pids()[0] != pid
+    assert metrics["faults/weight_push_restores"] == before + 1
+    # The restarted worker decodes with the weights the trainer has now, and the run goes on.
+    metrics = step(recipe)
+    g = TRAINED[-1].rollout.groups[0]
+    probe = [SequenceRef("probe", g.prompt_ids, TRAINED[-1].rollout.results[g.uid][0].tokens, g.features)]
     engine = ray.get(recipe.rollout_group.call_rank(0, "compute_logprobs", probe))[0]
     trainer = ray.get(recipe.policy.call_rank(0, "compute_logprobs", probe))[0]
     torch.testing.assert_close(engine, trainer, rtol=0, atol=1e-6)

@@ -399,6 +399,9 @@ class RolloutConfig:
     sync_check_every: int = 0
     sync_check_sequences: int = 4
     sync_check_tol: float = 1e-3
+    # How long a weight push may wait on a member of the sync group: a rollout worker lost
+    # mid-push ends the others' wait by then; it is restarted and the push made again.
+    weight_sync_timeout_s: float = 60.0
 
 
 @dataclass

@@ -154,6 +154,7 @@ class RLRecipe:
                        if g is not None]
         for g in self.groups:
             g.wait_ready()
+        self.push_restores = 0   # weight pushes made again after a rollout worker was lost in one
         if self.rollout_group is not None:
             self._join_weight_sync()
         hosts = self.policy if self.rollout_group is None else self.rollout_group
@@ -201,9 +202,36 @@ class RLRecipe:
         t0 = time.monotonic()
         self.weights_version = version
         if self.rollout_group is not None:
-            ray.get(self.rollout_group.call("receive_weights", version) + self.policy.call("broadcast_weights"))
+            self._push_weights(version)
         ray.get(self.policy.call("set_policy_version", version))
         return time.monotonic() - t0
+
+    def _push_weights(self, version: int, tries: int = 2) -> None:
+        """One broadcast from trainer rank 0 to every rollout worker. A worker lost during
+        it (Ray restarts it): the trainer's send and the other workers' receives end, on
+        the closed connection or at `rollout.weight_sync_timeout_s`; then a fresh sync
+        group and the push again, `tries` more times at most."""
+        receivers = self.rollout_group.call("receive_weights", version)
+        sender = self.policy.call("broadcast_weights")
+        try:
+            ray.get(receivers)
+        except Exception as exc:   # noqa: BLE001 - only a worker's death is recovered here
+            if not is_actor_death(exc) or tries == 0:
+                raise
+            log.warning("a rollout worker was lost during the weight push (%s): pushing again",
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            # The rest of the broken push ends (bounded by the timeout); a trainer's death is not
+            # recovered here: it raises, and the step's trainer-death handler ends the run.
+            for ref in receivers:
+                with contextlib.suppress(ray.exceptions.RayTaskError, ray.exceptions.RayActorError):
+                    ray.get(ref)
+            with contextlib.suppress(ray.exceptions.RayTaskError):
+                ray.get(sender)
+            self.push_restores += 1
+            self.rollout_group.wait_ready()
+            self._join_weight_sync()
+            return self._push_weights(version, tries - 1)
+        ray.get(sender)
 
     def check_sync(self, version: int, items: list) -> dict[str, float]:
         """`rollout.sync_check_every`: after this sync, every engine's log-probs of a few
@@ -241,6 +269,7 @@ class RLRecipe:
                 self._pids[g.role] = pids
         return {**{f"faults/restarts/{role}": float(n) for role, n in self.restarts.items()},
                 "faults/rollout_restores": float(self.scheduler.host_restarts),
+                "faults/weight_push_restores": float(self.push_restores),
                 "data/skipped": float(skipped_lines([self.train_set, *self.eval_sets.values()]))}
 
     @contextlib.contextmanager

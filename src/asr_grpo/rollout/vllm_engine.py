@@ -189,11 +189,11 @@ class VLLMChunkedEngine(SequencePool):
 
     # ---- weights ---------------------------------------------------------------------
     def join_weight_sync(self, master_addr: str, master_port: int, first_rank: int, world_size: int,
-                         backend: str, specs: list[tuple[str, tuple[int, ...]]]) -> None:
+                         backend: str, specs: list[tuple[str, tuple[int, ...]]], timeout_s: float = 600.0) -> None:
         """Every worker of this engine joins the trainer's sync group, as ranks
         first_rank .. first_rank + tensor_parallel_size - 1 (see workers.vllm_extension)."""
         self.llm.collective_rpc("asr_join_weight_sync",
-                                args=(master_addr, master_port, first_rank, world_size, backend, specs))
+                                args=(master_addr, master_port, first_rank, world_size, backend, specs, timeout_s))
 
     def update_weights(self, version: int) -> None:
         """Receive the trainer's broadcast into every worker, then forget whatever the

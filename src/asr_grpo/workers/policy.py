@@ -131,7 +131,8 @@ class PolicyRole(ModelRole, RolloutHost):
     def join_weight_sync(self, master_addr: str, master_port: int, world_size: int, backend: str) -> None:
         """Only trainer rank 0 is a member of the sync group (rank 0 in it)."""
         if self.rank == 0:
-            self.sync = WeightSyncGroup.create(master_addr, master_port, 0, world_size, backend)
+            self.sync = WeightSyncGroup.create(master_addr, master_port, 0, world_size, backend,
+                                               timeout_s=self.cfg.rollout.weight_sync_timeout_s)
 
     def broadcast_weights(self) -> None:
         """Collective over the trainer ranks (ZeRO-3 gathers each parameter); rank 0 sends."""

@@ -11,6 +11,7 @@ import torch
 
 from asr_grpo.config.registry import Registry
 from asr_grpo.distributed.deepspeed_strategy import backend_for_device
+from asr_grpo.distributed.faults import WorkerRestarted
 from asr_grpo.distributed.placement import PlacementPlan
 from asr_grpo.distributed.weight_sync import WeightSyncGroup, model_tensors
 from asr_grpo.experience.types import SequenceRef
@@ -32,12 +33,15 @@ class RolloutRole(ModelRole, RolloutHost):
 
     def join_weight_sync(self, master_addr: str, master_port: int, rank: int, world_size: int,
                          backend: str) -> None:
-        self.sync = WeightSyncGroup.create(master_addr, master_port, rank, world_size, backend)
+        self.sync = WeightSyncGroup.create(master_addr, master_port, rank, world_size, backend,
+                                           timeout_s=self.cfg.rollout.weight_sync_timeout_s)
 
     def weight_sync_ranks(self) -> int:
         return 1
 
     def receive_weights(self, version: int) -> None:
+        if self.sync is None:   # restarted (Ray retries a push's call on the new process): no group yet
+            raise WorkerRestarted("rollout worker restarted: it has no weight sync group until the driver builds one")
         self.sync.receive_into(adapter_tensors(self.model) if self.lora is not None else model_tensors(self.model))
         self.engine.policy_version = version
 

@@ -27,13 +27,14 @@ from asr_grpo.rollout.vllm_layout import vllm_weight_name
 
 class WeightSyncExtension:
     def asr_join_weight_sync(self, master_addr: str, master_port: int, first_rank: int, world_size: int,
-                             backend: str, specs: list[tuple[str, tuple[int, ...]]]) -> int:
+                             backend: str, specs: list[tuple[str, tuple[int, ...]]], timeout_s: float = 600.0) -> int:
         from asr_grpo.distributed.weight_sync import WeightSyncGroup
 
         # vLLM's own group: one rank per tensor-parallel worker of this engine.
         local = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self._asr_specs = [(name, tuple(shape)) for name, shape in specs]
-        self._asr_sync = WeightSyncGroup.create(master_addr, master_port, first_rank + local, world_size, backend)
+        self._asr_sync = WeightSyncGroup.create(master_addr, master_port, first_rank + local, world_size, backend,
+                                                timeout_s)
         return first_rank + local
 
     def asr_receive_weights(self) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from asr_grpo.distributed.faults import WorkerRestarted
 from asr_grpo.distributed.placement import PlacementPlan, Slot
 from asr_grpo.distributed.role_group import DIST_ENV_KEYS
 from asr_grpo.distributed.weight_sync import tensor_specs
@@ -68,6 +69,7 @@ class VLLMRolloutRole(ModelRole, RolloutHost):
             sampling=sampling_params(c.algorithm, c.seed), eos_token_ids=eos,
             suppress_token_ids=gen.suppress_tokens or (), max_model_len=c.rollout.max_model_len,
             bundle_indices=bundle_indices[rank] if bundle_indices else (), worker_gpus=c.placement.rollout_gpus)
+        self.sync_joined = False
 
     def weight_sync_ranks(self) -> int:
         return int(self.cfg.rollout.tensor_parallel_size)
@@ -76,9 +78,12 @@ class VLLMRolloutRole(ModelRole, RolloutHost):
                          backend: str) -> None:
         """This engine's workers take sync ranks rank .. rank + tensor_parallel_size - 1."""
         self.engine.join_weight_sync(master_addr, master_port, rank, world_size, backend,
-                                     weight_specs(self.cfg.model.path))
+                                     weight_specs(self.cfg.model.path), self.cfg.rollout.weight_sync_timeout_s)
+        self.sync_joined = True
 
     def receive_weights(self, version: int) -> None:
+        if not self.sync_joined:   # restarted (Ray retries a push's call on the new process): no group yet
+            raise WorkerRestarted("rollout worker restarted: it has no weight sync group until the driver builds one")
         self.engine.update_weights(version)
 
     def compute_logprobs(self, seqs: list[SequenceRef], temperature: float | None = None) -> list[torch.Tensor]:
