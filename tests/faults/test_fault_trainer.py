@@ -5,6 +5,8 @@ to the end in the same MLflow run. The run reads a manifest with bad lines under
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,27 @@ def test_trainer_death_ends_the_run_and_resume_continues_from_the_checkpoint(roo
     assert [s for s, _ in metric_history(cfg, run_id, "reward/total")] == [1, 2]
     assert ckpt.latest_checkpoint(out) == out / "step_000002"
     assert dict(metric_history(cfg, run_id, "data/skipped")) == {1: 2.0, 2: 2.0}
+
+
+def test_one_of_two_trainer_ranks_lost_ends_the_run_within_seconds(root, tmp_path):
+    """The surviving rank waits in a collective the dead one never joins; the driver does
+    not wait with it (the default collective timeout is minutes): TrainerDied names the
+    dead rank and the checkpoint within 30 s of the kill."""
+    out = tmp_path / "rl2"
+    killed: dict = {}
+
+    def kill_one_rank():
+        pids = own_actor_pids("PolicyRole")
+        assert len(pids) == 2, f"expected 2 PolicyRole processes, found {pids}"
+        killed["at"] = time.monotonic()
+        sigkill(pids[-1])
+
+    killer = kill_when(lambda: (out / ckpt.LATEST).is_file(), kill_one_rank)
+    with pytest.raises(TrainerDied) as err:
+        run_rl(compose_cfg(root, "placement.actor_num_ranks=2", "trainer.prompts_per_step=2", "trainer.steps=3",
+                           "trainer.save_every=1", "trainer.eval_every=0", f"trainer.output_dir={out}"))
+    ended = time.monotonic()
+    finish(killer)
+    assert ended - killed["at"] < 30, f"the run ended {ended - killed['at']:.0f} s after the rank died"
+    assert re.search(r"the trainer died: role 'actor' rank [01] during step \d", str(err.value))
+    assert "rerun with trainer.resume=true" in str(err.value)
