@@ -76,15 +76,20 @@ def split_cores() -> tuple[set[int], set[int]]:
     return set(cores[:-1]), {cores[-1]}
 
 
+def start_judge(seconds_per_sequence: float, slots: int, port: int, **popen) -> subprocess.Popen:
+    """`asr-grpo-reward-server` with the judge on `port` (not waited for)."""
+    env = {**os.environ, "ASR_GRPO_JUDGE_SECONDS_PER_SEQUENCE": str(seconds_per_sequence)}
+    return subprocess.Popen([sys.executable, "-m", "asr_grpo.rewards.server", "--port", str(port),
+                             "--reward-file", str(JUDGE), "--concurrency", str(slots), "--max-queue", "1024",
+                             "--log-level", "warning"], env=env, **popen)
+
+
 def start_service(setting: tuple[float, int, float], port: int, cores: set[int] | None) -> tuple[list[subprocess.Popen], str]:
     """The judge server on `port` and the delaying proxy in front of it, each its own
     process on `cores` (None: any): (the processes, the URL the trainer posts to)."""
     per_seq, slots, one_way = setting
     preexec = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-    env = {**os.environ, "ASR_GRPO_JUDGE_SECONDS_PER_SEQUENCE": str(per_seq)}
-    procs = [subprocess.Popen([sys.executable, "-m", "asr_grpo.rewards.server", "--port", str(port),
-                               "--reward-file", str(JUDGE), "--concurrency", str(slots), "--max-queue", "1024",
-                               "--log-level", "warning"], env=env, preexec_fn=preexec),
+    procs = [start_judge(per_seq, slots, port, preexec_fn=preexec),
              subprocess.Popen([sys.executable, str(REPO / "bench" / "delay_proxy.py"), str(port), str(one_way),
                                "--port", str(port + 1)], preexec_fn=preexec)]
     deadline = time.monotonic() + 120

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from fault_injection import wait_for
+from helpers import load_bench_script
 from mlflow.exceptions import MlflowException
 
 from asr_grpo.models import step_checkpoints as ckpt
@@ -26,45 +24,11 @@ from asr_grpo.tracking.mlflow_run import MlflowRun, TrackingLost, logs_async
 pytestmark = pytest.mark.long   # a real run of a minute or more: `make test-long`, CI's own leg
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`mlflow server` on 127.0.0.1, in a session of its own (its workers go with it)."""
-
-    def __init__(self, folder: Path):
-        self.folder, self.port, self.proc = folder, free_port(), None
-        self.uri = f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        cli = Path(sys.executable).with_name("mlflow")
-        self.proc = subprocess.Popen([str(cli), "server", "--backend-store-uri", f"sqlite:///{self.folder}/store.db",
-                                      "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
-                                     cwd=self.folder, start_new_session=True,
-                                     stdout=open(self.folder / "server.log", "a"), stderr=subprocess.STDOUT)
-        wait_for(self.healthy, 300, "the MLflow server to answer", period_s=0.5)
-
-    def healthy(self) -> bool:
-        try:
-            return urllib.request.urlopen(f"{self.uri}/health", timeout=1).status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)   # gone at once, as a crashed or unreachable server
-            self.proc.wait()
-        wait_for(lambda: not self.healthy(), 30, "the MLflow server to go")
-
-
 @pytest.fixture
 def server(tmp_path):
     folder = tmp_path / "server"
     folder.mkdir()
-    srv = Server(folder)
+    srv = load_bench_script("mlflow_server").MlflowServer(folder)
     srv.start()
     yield srv
     srv.stop()
