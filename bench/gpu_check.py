@@ -21,7 +21,7 @@ On one CUDA GPU (under 9 minutes of wall time in all, every stage with its own l
   compare    the prediction against the hf pair's measured steps (forecast_check.md)
 Every stage writes its own files into OUT_DIR and summary.json / summary.md are rewritten
 after every stage (a stage still running is marked so): what finished survives a kill.
-GPU_CHECK_TAR=<file.tar.gz> also packs OUT_DIR there after every stage (the device tool
+GPU_CHECK_TAR=<file.tar.gz> also packs OUT_DIR there after every stage (for a runner that
 brings back a few files, not a folder tree).
 
 Without CUDA (or with GPU_CHECK_CPU=1) the same stages run scaled down: the tiny model, a
