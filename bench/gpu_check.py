@@ -288,7 +288,11 @@ def gpu_facts() -> dict:
         if facts["cuda_available"]:
             cap = torch.cuda.get_device_capability(0)
             facts["compute_capability"] = f"{cap[0]}.{cap[1]}"
-            facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            try:
+                nccl = torch.cuda.nccl.version()
+                facts["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+            except Exception as e:   # a torch built without NCCL
+                facts["nccl"] = f"unknown ({type(e).__name__})"
     except Exception as e:   # a broken torch is what the summary must say
         facts["torch_error"] = f"{type(e).__name__}: {e}"
     return facts
@@ -420,6 +424,7 @@ class Check:
                     raise
                 return {"note": f"installed {', '.join(done)}; the vllm extra failed ({e.reason}): vllm_pair "
                                 "will be skipped"}
+        importlib.invalidate_caches()   # this process imports some of them later (mlflow, the forecast)
         return {"note": f"installed {', '.join(done)} from " + ("GPU_CHECK_WHEELS" if wheels else "the package index")}
 
     def build_stage(self, left: float) -> dict:
@@ -621,7 +626,9 @@ def roofline_check(table: dict, gpu: bool) -> dict:
     register_configs()
     name = gpu_config_name(table.get("device", ""))
     gcfg = OmegaConf.load(REPO / "conf" / "forecast_gpu" / f"{name}.yaml")
-    shape = roofline.shape_of(OmegaConf.create(table["model"]))
+    model = dict(table["model"])
+    model["head_dim"] = model.get("head_dim") or model["hidden"] // model["heads"]   # 0: hidden / heads
+    shape = roofline.shape_of(OmegaConf.create(model))
     dec = roofline.decode_cost(shape, gcfg, 1)
     by_ctx = table.get("decode_round_s_by_context") or {str(table["decode_context_tokens"]): table["decode_round_s"]}
     points = []
