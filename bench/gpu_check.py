@@ -213,7 +213,7 @@ def plan(gpu: bool, gpus: int, args) -> dict:
              "max_new_tokens": 64, "rows": "1,2,4,8,16,32,64,128,256", "contexts": "128,1024",
              "sync_tol": 5e-2, "budget_s": 510.0,
              "limits": {"env": 30, "install": 150, "build": 120, "profile": 120, "roofline": 30, "forecast": 60,
-                        "hf_pair": 170, "vllm_pair": 230, "separate": 150, "compare": 30},
+                        "hf_pair": 170, "vllm_pair": 300, "separate": 150, "compare": 30},
              "min_s": {"install": 20, "build": 30, "profile": 30, "hf_pair": 60, "vllm_pair": 90, "separate": 60}}
     else:
         p = {"model": "tiny_qwen3_asr", "dtype": "float32", "steps": 3, "warmup": 1, "prompts": 2, "samples": 4,
@@ -243,6 +243,8 @@ def vllm_overrides(p: dict, gpu: bool) -> list[str]:
     """One GPU (or CPU) shared: actor 0.5, reference 0.1, the engine 0.4 (bench/gpu_vllm.py's split)."""
     out = ["rollout=vllm", "placement.actor_gpus=0.5", "placement.ref_gpus=0.1", "placement.rollout_gpus=0.4",
            "rollout.sync_check_every=1", f"rollout.sync_check_tol={p['sync_tol']}"]
+    if os.environ.get("GPU_CHECK_VLLM_EAGER") == "1":   # no torch.compile / CUDA graphs: a faster start
+        out.append("rollout.enforce_eager=true")
     return out + (["rollout.gpu_memory_utilization=0.25"] if gpu else [])
 
 
@@ -311,6 +313,29 @@ def sync_checks(tracking_uri: str, run_ids: list[str]) -> dict:
     for rid in run_ids:
         values = [m.value for m in client.get_metric_history(rid, "rollout/sync/max_abs_diff")]
         out[rid] = {"checks": len(values), "max_abs_diff": max(values) if values else None}
+    return out
+
+
+def finished_runs(tracking_uri: str, experiment: str) -> list[dict]:
+    """The experiment's finished runs (name, median step, sync checks): what a pair stopped
+    at its limit leaves. Empty where there is no store or no such run."""
+    import statistics
+
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri)
+        exp = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'") if exp else []
+    except Exception:   # no store yet, or MLflow itself missing: nothing to keep
+        return []
+    out = []
+    for r in runs:
+        steps = [m.value for m in client.get_metric_history(r.info.run_id, "perf/time/step")]
+        sync = [m.value for m in client.get_metric_history(r.info.run_id, "rollout/sync/max_abs_diff")]
+        out.append({"run_id": r.info.run_id, "name": r.info.run_name, "steps": len(steps),
+                    "median_step_s": statistics.median(steps) if steps else None, "step_s": steps,
+                    "sync_checks": len(sync), "sync_max_abs_diff": max(sync) if sync else None})
     return out
 
 
@@ -467,13 +492,21 @@ class Check:
 
     def pair(self, name: str, extra: list[str], left: float, py: str, env: dict | None = None) -> dict:
         out = self.out / name
-        fields = self.command(name, [py, str(BENCH / "overlap_speedup.py"), "--workloads", "default",
-                                     "--modes", "none", "oppo", "--repeats", str(self.args.repeats),
-                                     "--steps", str(self.p["steps"]), "--warmup", str(self.p["warmup"]),
-                                     "--out", str(out), "--output-root", str(self.work),
-                                     *run_overrides(self.p, self.ckpt, self.work),
-                                     f"logger.experiment_name=gpu-check-{name}", *extra],
-                              self.limit(name, left), env)
+        try:
+            fields = self.command(name, [py, str(BENCH / "overlap_speedup.py"), "--workloads", "default",
+                                         "--modes", "none", "oppo", "--repeats", str(self.args.repeats),
+                                         "--steps", str(self.p["steps"]), "--warmup", str(self.p["warmup"]),
+                                         "--out", str(out), "--output-root", str(self.work),
+                                         *run_overrides(self.p, self.ckpt, self.work),
+                                         f"logger.experiment_name=gpu-check-{name}", *extra],
+                                  self.limit(name, left), env)
+        except Failed as e:   # what finished before the stop is in the MLflow store: kept
+            runs = finished_runs(f"sqlite:///{self.work}/mlflow.db", f"gpu-check-{name}")
+            if runs:
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "finished_runs.json").write_text(portable(json.dumps(runs, indent=1)))
+                e.reason += f"; {len(runs)} run(s) had finished: {name}/finished_runs.json"
+            raise
         res = json.loads((out / "overlap_speedup.json").read_text())[0]
         modes = res["modes"]
         oppo = modes["oppo"]

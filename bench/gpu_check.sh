@@ -17,6 +17,7 @@
 #   GPU_CHECK_TAR          also pack OUT_DIR into this .tar.gz after every stage
 #   GPU_CHECK_WHEELS       a folder of wheels to install missing packages from (no index)
 #   GPU_CHECK_VLLM_PYTHON  another interpreter (a venv with vLLM) for the vLLM stages
+#   GPU_CHECK_VLLM_EAGER=1 vLLM without torch.compile and CUDA graphs (starts faster)
 #   GPU_CHECK_CPU=1        the CPU dry run even where CUDA is present
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -157,3 +157,21 @@ def test_the_roofline_check_reads_a_cost_table():
 def test_unsatisfied_names_missing_and_out_of_range_requirements():
     assert gc.unsatisfied(["pytest>=1", "pytest<1", "no-such-distribution-here>=1"]) == \
         ["pytest<1", "no-such-distribution-here>=1"]
+
+
+def test_a_pair_stopped_at_its_limit_keeps_the_runs_that_finished(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert gc.finished_runs(uri, "gpu-check-vllm_pair") == []   # no experiment yet
+    client = MlflowClient(uri)
+    exp = client.create_experiment("gpu-check-vllm_pair")
+    for name, status in (("bench-x-default-none-r0", "FINISHED"), ("bench-x-default-oppo-r0", "KILLED")):
+        rid = client.create_run(exp, run_name=name).info.run_id
+        for step, (s, gap) in enumerate([(2.0, 1e-3), (1.0, 2e-3), (3.0, 1e-3)]):
+            client.log_metric(rid, "perf/time/step", s, step=step)
+            client.log_metric(rid, "rollout/sync/max_abs_diff", gap, step=step)
+        client.set_terminated(rid, status)
+    runs = gc.finished_runs(uri, "gpu-check-vllm_pair")
+    assert [(r["name"], r["steps"], r["median_step_s"], r["sync_checks"], r["sync_max_abs_diff"]) for r in runs] == \
+        [("bench-x-default-none-r0", 3, 2.0, 3, 2e-3)]
