@@ -175,3 +175,61 @@ def test_a_pair_stopped_at_its_limit_keeps_the_runs_that_finished(tmp_path):
     runs = gc.finished_runs(uri, "gpu-check-vllm_pair")
     assert [(r["name"], r["steps"], r["median_step_s"], r["sync_checks"], r["sync_max_abs_diff"]) for r in runs] == \
         [("bench-x-default-none-r0", 3, 2.0, 3, 2e-3)]
+
+
+H100 = {"cuda_available": True, "cuda_devices": 1, "torch_cuda": "13.0",
+        "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory": "81559 MiB", "driver": "580.159.04"}]}
+
+
+def gpu_check(monkeypatch, tmp_path, facts=H100, **kw):
+    monkeypatch.setattr(gc, "gpu_facts", lambda: facts)
+    args = Namespace(out=str(tmp_path / "out"), cpu=False, steps=None, budget_s=None, repeats=1, target=0.15,
+                     require="", keep=False, **kw)
+    check = gc.Check(args)
+    check.summary = gc.Summary(check.out, check.mode, check.p["budget_s"])
+    return check
+
+
+def test_on_one_gpu_the_separate_placement_is_a_gpu_only_skip(monkeypatch, tmp_path):
+    check = gpu_check(monkeypatch, tmp_path)
+    assert check.gpu and check.p["model"] == "qwen3_asr_0p6b" and "DS_ACCELERATOR" not in check.env
+    with pytest.raises(gc.Skip) as e:
+        check.separate_stage(300)
+    assert e.value.gpu_only and "2+ GPUs" in e.value.reason
+
+
+def test_the_gpu_install_holds_the_machine_s_torch_and_puts_vllm_apart(monkeypatch, tmp_path):
+    check = gpu_check(monkeypatch, tmp_path)
+    monkeypatch.setattr(gc, "unsatisfied", lambda reqs: ["ray[default]>=2.60,<2.61", "transformers>=5.19,<6"])
+    monkeypatch.setattr(gc, "index_reachable", lambda: True)
+    monkeypatch.setattr(gc.importlib.util, "find_spec", lambda name: None if name == "vllm" else object())
+    calls = {}
+    monkeypatch.setattr(check, "command", lambda name, argv, timeout_s, env=None: calls.setdefault(name, argv) and {})
+    note = check.install_stage(200)["note"]
+    base, vllm = calls["install"], calls["install_vllm"]
+    pins = base[base.index("-c") + 1]
+    assert Path(pins).read_text().startswith("torch==") and "ray[default]>=2.60,<2.61" in base
+    assert "--target" not in base and "vllm==0.33.0" not in base
+    assert "--target" in vllm and "vllm==0.33.0" in vllm and any(r.startswith("torch>=") for r in vllm)
+    assert check.vllm_env["PYTHONPATH"].startswith(vllm[vllm.index("--target") + 1])
+    assert "the vllm extra" in note
+
+
+def test_a_gpu_machine_without_an_index_says_so_at_once(monkeypatch, tmp_path):
+    check = gpu_check(monkeypatch, tmp_path)
+    monkeypatch.delenv("GPU_CHECK_WHEELS", raising=False)
+    monkeypatch.setattr(gc, "unsatisfied", lambda reqs: ["mlflow>=3.17,<4"])
+    monkeypatch.setattr(gc, "index_reachable", lambda: False)
+    with pytest.raises(gc.Failed, match="no package index reachable and no GPU_CHECK_WHEELS; missing: mlflow"):
+        check.install_stage(200)
+
+
+def test_main_on_one_gpu_names_the_multi_gpu_parts_as_skipped(monkeypatch, tmp_path):
+    monkeypatch.setattr(gc, "gpu_facts", lambda: H100)
+    monkeypatch.setattr(gc.Check, "stages", lambda self: [("env", lambda left: {}),
+                                                          ("separate", self.separate_stage)])
+    rc = gc.main([str(tmp_path / "out"), "--require", "env,separate"])
+    data = read(tmp_path / "out")
+    assert rc == 3 and data["mode"] == "gpu"   # separate did not run: skipped, if by name
+    assert set(data["gpu_only_skipped"]) == {"multi_gpu_separate", "nccl_weight_sync"}
+    assert data["stages"]["separate"]["status"] == "skipped" and data["stages"]["separate"]["gpu_only"]
