@@ -487,8 +487,11 @@ class Check:
         pred = predict(self.out / "cost_table.json", self.p, self.ckpt, self.work, self.gpu)
         (self.out / "forecast_prediction.json").write_text(portable(json.dumps(pred, indent=1)))
         m = pred["modes"]
+        r = pred["roofline"]["modes"]
         return {"note": f"predicted before the runs: none {m['none']['step_s']:.3f} s, oppo "
-                        f"{m['oppo']['step_s']:.3f} s a step ({m['oppo']['speedup']:.2f}x)"}
+                        f"{m['oppo']['step_s']:.3f} s a step ({m['oppo']['speedup']:.2f}x); from the "
+                        f"{pred['roofline']['forecast_gpu']} datasheet alone {r['none']['step_s']:.3f} / "
+                        f"{r['oppo']['step_s']:.3f} s"}
 
     def pair(self, name: str, extra: list[str], left: float, py: str, env: dict | None = None) -> dict:
         out = self.out / name
@@ -703,27 +706,33 @@ def prompt_tokens(ckpt: Path, work: Path, count: int = 16) -> float:
 
 def predict(cost_table: Path, p: dict, ckpt: Path, work: Path, gpu: bool) -> dict:
     """none and oppo for the runs' workload, from the measured cost table (profile=file,
-    one GPU). A model with random weights rarely samples its end token: every response
-    runs to max_new_tokens, so the lengths are one value at that cap."""
+    one GPU), and beside it from the datasheet alone (profile=roofline: the GPU's
+    conf/forecast_gpu, its 2 ms a round), both compared with the runs afterwards. A model
+    with random weights rarely samples its end token: every response runs to
+    max_new_tokens, so the lengths are one value at that cap."""
     from forecast_validation import forecast
     from overlap_speedup import WORKLOADS
 
     prompt = round(prompt_tokens(ckpt, work)) if ckpt.is_dir() else 64
     knobs = [o for o in WORKLOADS["default"] if o.startswith("overlap.")]
-    over = ["profile=file", f"cost_file={cost_table}", f"forecast_model={p['model']}",
-            "forecast_placement=single_gpu", "placement.critic=''", "placement.reward_model=''",
+    table = json.loads(Path(cost_table).read_text())
+    common = [f"forecast_model={p['model']}", "forecast_placement=single_gpu", "placement.critic=''", "placement.reward_model=''",
             "placement.stream=[ref]", f"workload.prompts_per_step={p['prompts']}", f"workload.n_samples={p['samples']}",
             "workload.train_samples=null", f"workload.max_new_tokens={p['max_new_tokens']}",
             f"workload.prompt_text_tokens={prompt}", "workload.audio_tokens_per_token=0",
             f"lengths.components=[{{weight:1.0,median:{100 * p['max_new_tokens']},sigma:0.01}}]",
             "lengths.sample_sigma=0.01", f"steps={p['steps']}", f"warmup={p['warmup']}", "modes=[none,oppo]",
             *knobs]
+    over = ["profile=file", f"cost_file={cost_table}", *common]
     res = forecast(*over)
+    gpu_name = gpu_config_name(table.get("device", ""))
+    roof = forecast("profile=roofline", f"forecast_gpu={gpu_name}", *common)
+    pick = lambda r: {m: {k: v[k] for k in ("step_s", "speedup", "chunk", "delta", "phases_s")}  # noqa: E731
+                      for m, v in r["modes"].items()}
     return {"predicted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": "gpu" if gpu else "cpu",
-            "prompt_tokens": prompt, "overrides": over,
-            "modes": {m: {k: v[k] for k in ("step_s", "speedup", "chunk", "delta", "phases_s")}
-                      for m, v in res["modes"].items()},
-            "notes": res["notes"], "table": res["table"]}
+            "prompt_tokens": prompt, "overrides": over, "modes": pick(res), "notes": res["notes"],
+            "table": res["table"],
+            "roofline": {"forecast_gpu": gpu_name, "modes": pick(roof), "notes": roof["notes"]}}
 
 
 def compare(pred: dict, measured: dict, target: float) -> dict:
@@ -736,6 +745,9 @@ def compare(pred: dict, measured: dict, target: float) -> dict:
         modes[mode] = {"predicted_step_s": pm["step_s"], "measured_step_s": mm["median_step_s"],
                        "error": pm["step_s"] / mm["median_step_s"] - 1,
                        "predicted_phases_s": pm.get("phases_s"), "measured_phases_s": mm.get("phases_s")}
+    roofline = {mode: {"predicted_step_s": pm["step_s"], "measured_step_s": measured["modes"][mode]["median_step_s"],
+                       "error": pm["step_s"] / measured["modes"][mode]["median_step_s"] - 1}
+                for mode, pm in pred.get("roofline", {}).get("modes", {}).items() if mode in measured["modes"]}
     ci = measured["modes"].get("oppo", {}).get("step_speedup_ci") or {}
     speed = {"predicted": pred["modes"]["oppo"]["speedup"],
              "measured": measured["modes"].get("oppo", {}).get("step_speedup"),
@@ -743,6 +755,7 @@ def compare(pred: dict, measured: dict, target: float) -> dict:
     lo, hi = speed["ci"]
     speed["inside_ci"] = (lo <= speed["predicted"] <= hi) if lo is not None and hi is not None else None
     return {"predicted_at": pred["predicted_at"], "target": target, "modes": modes, "speedup": speed,
+            "roofline": {"forecast_gpu": pred.get("roofline", {}).get("forecast_gpu"), "modes": roofline},
             "within_target": all(abs(m["error"]) <= target for m in modes.values())}
 
 
@@ -751,9 +764,13 @@ def compare_markdown(res: dict, gpu: bool) -> str:
            f"Predicted at {res['predicted_at']} from the measured cost table (profile=file), before the runs; "
            f"measured: the hf pair's median steps. Target: within {res['target']:.0%}."
            + ("" if gpu else " CPU dry run: the tiny model on CPU, a check of the code, not of the forecast."), "",
-           "| mode | predicted step (s) | measured (s) | error |", "|---|---|---|---|"]
+           "| mode | predicted step (s) | measured (s) | error | from the datasheet alone (profile=roofline) |",
+           "|---|---|---|---|---|"]
+    roof = res.get("roofline", {}).get("modes", {})
     for mode, m in res["modes"].items():
-        out.append(f"| {mode} | {m['predicted_step_s']:.3f} | {m['measured_step_s']:.3f} | {m['error']:+.0%} |")
+        r = roof.get(mode)
+        alone = f"{r['predicted_step_s']:.3f} s ({r['error']:+.0%})" if r else "-"
+        out.append(f"| {mode} | {m['predicted_step_s']:.3f} | {m['measured_step_s']:.3f} | {m['error']:+.0%} | {alone} |")
     s = res["speedup"]
     lo, hi = s["ci"]
     ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""

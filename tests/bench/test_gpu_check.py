@@ -136,7 +136,11 @@ def test_the_forecast_is_compared_with_the_measured_steps():
     assert res["modes"]["none"]["error"] == pytest.approx(0.1) and res["modes"]["oppo"]["error"] == pytest.approx(-0.1)
     assert res["within_target"] and res["speedup"]["inside_ci"] is False
     assert not gc.compare(pred, measured, 0.05)["within_target"]
-    assert "| none | 1.100 | 1.000 | +10% |" in gc.compare_markdown(res, True)
+    assert "| none | 1.100 | 1.000 | +10% | - |" in gc.compare_markdown(res, True)
+    pred["roofline"] = {"forecast_gpu": "h100", "modes": {"none": {"step_s": 0.5}, "oppo": {"step_s": 0.4}}}
+    res = gc.compare(pred, measured, 0.15)
+    assert res["roofline"]["modes"]["none"]["error"] == pytest.approx(-0.5)
+    assert "| none | 1.100 | 1.000 | +10% | 0.500 s (-50%) |" in gc.compare_markdown(res, True)
 
 
 def test_the_roofline_check_reads_a_cost_table():
