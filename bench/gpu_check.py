@@ -11,8 +11,9 @@ On one CUDA GPU (under 9 minutes of wall time in all, every stage with its own l
              (cost_table.json, the forecast's `profile=file` input)
   roofline   the measured decode rounds next to the roofline's (conf/forecast_gpu: the
              2 ms a round and the bandwidth efficiency the forecast assumes)
-  forecast   none and oppo predicted from the cost table for the runs below, written
-             (forecast_prediction.json, with the time) before any run starts
+  forecast   none and oppo predicted for the runs below from the cost table (profile=file)
+             and from the datasheet alone (profile=roofline), written with the time
+             (forecast_prediction.json) before any run starts
   hf_pair    GRPO `overlap=none` / `oppo` with `rollout=hf`, interleaved
              (bench/overlap_speedup.py: median steps, 95% bootstrap intervals)
   vllm_pair  the same with `rollout=vllm`, the engines' sync check after every update
