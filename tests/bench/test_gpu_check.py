@@ -187,6 +187,8 @@ H100 = {"cuda_available": True, "cuda_devices": 1, "torch_cuda": "13.0",
 
 def gpu_check(monkeypatch, tmp_path, facts=H100, **kw):
     monkeypatch.setattr(gc, "gpu_facts", lambda: facts)
+    monkeypatch.setattr(gc.tempfile, "mkdtemp", lambda prefix: str(Path(tmp_path, prefix).mkdir() or
+                                                                   Path(tmp_path, prefix)))   # no work folder left
     args = Namespace(out=str(tmp_path / "out"), cpu=False, steps=None, budget_s=None, repeats=1, target=0.15,
                      require="", keep=False, **kw)
     check = gc.Check(args)
@@ -230,6 +232,8 @@ def test_a_gpu_machine_without_an_index_says_so_at_once(monkeypatch, tmp_path):
 
 def test_main_on_one_gpu_names_the_multi_gpu_parts_as_skipped(monkeypatch, tmp_path):
     monkeypatch.setattr(gc, "gpu_facts", lambda: H100)
+    monkeypatch.setattr(gc.tempfile, "mkdtemp", lambda prefix: str(Path(tmp_path, prefix).mkdir() or
+                                                                   Path(tmp_path, prefix)))
     monkeypatch.setattr(gc.Check, "stages", lambda self: [("env", lambda left: {}),
                                                           ("separate", self.separate_stage)])
     rc = gc.main([str(tmp_path / "out"), "--require", "env,separate"])
