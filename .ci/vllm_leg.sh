@@ -7,7 +7,9 @@
 # torchvision stub (tests/harness/README.md) stands in for the imports vLLM's Qwen3-ASR
 # makes. Then the model, rollout, experience and worker tests (vLLM engines as Ray actors
 # included) and a short GRPO run: rollout=vllm, overlap=oppo, the sync check after every
-# update. KEEP=1 keeps the venv.
+# update; then the GPU check's CPU dry run (bench/gpu_check.sh: every stage, the vLLM pair
+# in this venv; it fails if a stage fails or one that can run on CPU did not). KEEP=1
+# keeps the venv.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python3}
@@ -42,4 +44,7 @@ sync = [m.value for m in client.get_metric_history(runs[0].info.run_id, "rollout
 print("sync check after each update, max |trainer - engine| log-prob:", sync)
 assert len(sync) == 3, f"expected a sync check after each of 3 updates, got {len(sync)}"
 PYEOF
+
+step "bench/gpu_check.sh, the CPU dry run (~4 min): every stage runs, the GPU-only parts named as skipped"
+GPU_CHECK_CPU=1 PYTHON="$PY" bash bench/gpu_check.sh "$WORK/gpu_check" --require all-cpu
 step "passed"

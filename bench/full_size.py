@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -86,20 +87,51 @@ class PeakMemory:
         self._thread.join()
 
 
-def run_stage(name: str, argv: list[str], cwd: Path, timeout_s: float) -> dict:
-    """One command, timed, its tree's peak memory sampled; the output's tail kept."""
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to the command's whole process group (its Ray processes included), SIGKILL
+    after `grace_s`, then any descendant that left the group (a daemon in a session of its
+    own): a timed-out stage leaves nothing running behind it."""
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def run_stage(name: str, argv: list[str], cwd: Path, timeout_s: float, log: Path | None = None,
+              env: dict | None = None) -> dict:
+    """One command, timed, its tree's peak memory sampled; the output's tail kept. It runs
+    in a process group of its own, stopped whole at `timeout_s`. `log`: default
+    `cwd/<name>.log`; `env`: extra environment variables."""
     print(f"[{name}] {' '.join(argv)}", flush=True)
-    log = cwd / f"{name}.log"
+    log = log or cwd / f"{name}.log"
     start = time.monotonic()
     with open(log, "w") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "RAY_ADDRESS": "", "HYDRA_FULL_ERROR": "1"})
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "RAY_ADDRESS": "", "HYDRA_FULL_ERROR": "1", **(env or {})})
         with PeakMemory(psutil.Process(proc.pid)) as peak:
             try:
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                stop_group(proc)
                 rc = "timeout"
+            except BaseException:   # the caller interrupted: the command must not outlive it
+                stop_group(proc, grace_s=5.0)
+                raise
     seconds = time.monotonic() - start
     gib = 1024 ** 3
     result = {"rc": rc, "seconds": round(seconds, 1), "peak_rss_gib": round(peak.total / gib, 2),

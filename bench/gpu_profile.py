@@ -8,7 +8,8 @@ by the project's builder (src/asr_grpo/models/builder.py), and timed through the
 project's own paths:
 - decode round vs live rows: `KVBatch.extend` of one token per row (the HF engine's
   forward, logits copied to the host) plus `sample_tokens`, after a prompt prefill of
-  `--context` tokens per row;
+  `--context` tokens per row; with `--contexts`, again at every context length given
+  (`decode_round_s_by_context`; the forecast reads `decode_round_s`, the first);
 - forward call and prefill tokens/s: `KVBatch.prefill` of one short row, and of many
   tokens (what scoring and the engine's rebuild cost);
 - training tokens/s: forward + backward of the policy (LM loss) and of the critic
@@ -66,6 +67,7 @@ def model_config(shape) -> "object":
                        encoder_ffn_dim=4 * enc_d, encoder_downsample_hidden=480 if enc_layers > 1 else 16,
                        text_layers=shape.layers, text_hidden=shape.hidden, text_heads=shape.heads,
                        text_kv_heads=shape.kv_heads, text_intermediate=shape.intermediate,
+                       text_head_dim=int(shape.head_dim or 0),
                        dtype="bfloat16" if torch.cuda.is_available() else "float32")
 
 
@@ -87,6 +89,8 @@ def main() -> None:
     ap.add_argument("--shape", default=None, help="conf/forecast_model/<shape>.yaml (GPU: qwen3_asr_1p7b, CPU: tiny)")
     ap.add_argument("--rows", default=None, help="comma-separated live-row counts to time a decode round at")
     ap.add_argument("--context", type=int, default=None, help="prompt tokens per row before the timed rounds")
+    ap.add_argument("--contexts", default=None,
+                    help="comma-separated context lengths to time the rounds at (the first is --context's)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per figure (GPU 5, CPU 2)")
     args = ap.parse_args()
 
@@ -103,12 +107,10 @@ def main() -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     shape_name = args.shape or ("qwen3_asr_1p7b" if cuda else "tiny_qwen3_asr")
     shape = OmegaConf.load(REPO / "conf" / "forecast_model" / f"{shape_name}.yaml")
-    if shape.hidden // shape.heads != shape.head_dim:
-        print(f"note: the builder derives head_dim = hidden / heads = {shape.hidden // shape.heads}, "
-              f"not {shape.name}'s {shape.head_dim}: attention projections differ from the published model")
     rows_grid = [int(r) for r in args.rows.split(",")] if args.rows else \
         ([1, 2, 4, 8, 16, 32, 64, 128, 256] if cuda else [1, 4, 16])
-    context = args.context or (128 if cuda else 32)
+    contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else [args.context or (128 if cuda else 32)]
+    context = contexts[0]
     torch.manual_seed(0)
     t_build = time.perf_counter()
     tok = ShapeTokenizer(int(shape.vocab))
@@ -124,7 +126,6 @@ def main() -> None:
     pad = tok.pad_token_id
 
     # ---- decode rounds ------------------------------------------------------------------------
-    decode = {}
     rounds = 8 if cuda else 2
     def decode_rounds(kv: KVBatch, uids: list[str], first: int, count: int) -> None:
         """`count` engine rounds: sample one token per row from the last logits, extend the cache."""
@@ -132,19 +133,23 @@ def main() -> None:
             toks, _ = sample_tokens(kv.last, 1.0, 1.0, 0, uids=uids, positions=[first + j] * len(uids))
             kv.extend([[int(t)] for t in toks.tolist()])
 
-    for rows in rows_grid:
-        batch = KVBatch(forward, pad)
-        names = [f"r#{i}" for i in range(rows)]
-        with torch.no_grad():
-            batch.prefill([ids(context) for _ in range(rows)], [0] * rows)
-            decode_rounds(batch, names, context, rounds)   # warm-up
-            sync()
-            t0 = time.perf_counter()
-            decode_rounds(batch, names, context + rounds, rounds)
-            sync()
-        decode[str(rows)] = (time.perf_counter() - t0) / rounds
-        print(f"decode round at {rows:4d} rows: {1e3 * decode[str(rows)]:.2f} ms", flush=True)
-        del batch
+    by_context = {}
+    for ctx in contexts:
+        decode = by_context[str(ctx)] = {}
+        for rows in rows_grid:
+            batch = KVBatch(forward, pad)
+            names = [f"r#{i}" for i in range(rows)]
+            with torch.no_grad():
+                batch.prefill([ids(ctx) for _ in range(rows)], [0] * rows)
+                decode_rounds(batch, names, ctx, rounds)   # warm-up
+                sync()
+                t0 = time.perf_counter()
+                decode_rounds(batch, names, ctx + rounds, rounds)
+                sync()
+            decode[str(rows)] = (time.perf_counter() - t0) / rounds
+            print(f"decode round at {rows:4d} rows, context {ctx}: {1e3 * decode[str(rows)]:.2f} ms", flush=True)
+            del batch
+    decode = by_context[str(context)]
 
     # ---- forward calls and prefill ------------------------------------------------------------
     with torch.no_grad():
@@ -191,7 +196,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(0) if cuda else "cpu"
     table = {"format": FORMAT, "device": name, "gpus": 1, "dtype": str(model.dtype).replace("torch.", ""),
              "model": {**OmegaConf.to_container(shape, resolve=True), "params_built": params},
-             "decode_round_s": decode, "decode_context_tokens": context,
+             "decode_round_s": decode, "decode_context_tokens": context, "decode_round_s_by_context": by_context,
              "forward_call_s": call_s, "prefill_tokens_per_s": pr * pl / prefill_s,
              "train_tokens_per_s": {"actor": tb * tl / actor_s, "critic": tb * tl / critic_s},
              "train_step_fixed_s": opt_s, "weight_sync_s": sync_s,

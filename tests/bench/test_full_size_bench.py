@@ -24,3 +24,14 @@ def test_peak_memory_sees_what_a_child_process_allocates():
     with bench.PeakMemory(psutil.Process(proc.pid), every_s=0.1) as peak:
         proc.wait(timeout=60)
     assert peak.total >= 250 * 2**20 and peak.by_role["command"] == max(peak.by_role.values())
+
+
+def test_a_timed_out_stage_is_stopped_with_its_children(tmp_path):
+    bench = load_bench_script("full_size")
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print('started', flush=True); time.sleep(60)")
+    res = bench.run_stage("stuck", [sys.executable, "-c", code], tmp_path, timeout_s=3, log=tmp_path / "s.log")
+    assert res["rc"] == "timeout" and "started" in res["output_tail"]
+    leftover = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(60)" in " ".join(p.info["cmdline"] or [])
+                and p.pid != psutil.Process().pid]
+    assert not leftover
