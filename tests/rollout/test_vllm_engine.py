@@ -241,10 +241,10 @@ def test_score_reads_prompt_logprobs_of_the_response(tiny_model, tiny_tokenizer,
 
 def test_weight_update_resets_the_caches_and_bumps_the_version(tiny_model, tiny_tokenizer):
     engine = _vllm_engine(tiny_model, tiny_tokenizer)
-    engine.join_weight_sync("127.0.0.1", 1234, 3, 5, "gloo", [("w", (2,))])
+    engine.join_weight_sync("127.0.0.1", 1234, 3, 5, "gloo", [("w", (2,))], 45.0)
     engine.update_weights(4)
     rpcs = [c[0] for c in engine.llm.calls]
-    assert rpcs[0] == {"rpc": "asr_join_weight_sync", "args": ("127.0.0.1", 1234, 3, 5, "gloo", [("w", (2,))])}
+    assert rpcs[0] == {"rpc": "asr_join_weight_sync", "args": ("127.0.0.1", 1234, 3, 5, "gloo", [("w", (2,))], 45.0)}
     assert rpcs[1] == {"rpc": "asr_receive_weights", "args": ()}
     assert engine.llm.prefix_resets == 1 and engine.llm.encoder_resets == [True] and engine.policy_version == 4
 
