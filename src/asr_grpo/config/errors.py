@@ -17,6 +17,13 @@ class DiskFull(RuntimeError):
     message names the folder, what was kept and how to continue once there is room."""
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (its type's name when it has none):
+    what a one-line report quotes of a cause."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 @contextmanager
 def one_line_errors(program: str) -> Iterator[None]:
     """A ConfigError or DiskFull raised inside ends the process: `<program>: <message>` on

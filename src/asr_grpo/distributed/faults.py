@@ -20,6 +20,8 @@ import functools
 import warnings
 from pathlib import Path
 
+from asr_grpo.config.errors import first_line
+
 RESTARTABLE_ROLES = frozenset({"ref", "reward_model", "reward", "rollout"})
 
 
@@ -78,6 +80,5 @@ def trainer_died_message(role: str, rank: int, step: int, cause: BaseException,
     where = (f"rerun with trainer.resume=true trainer.output_dir={Path(checkpoint).parent} to continue from "
              f"{checkpoint} (step {checkpoint_step})"
              if checkpoint else "no checkpoint was written yet (trainer.save_every): rerun from the start")
-    reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-    return (f"the trainer died: role {role!r} rank {rank} during step {step + 1} ({reason}). "
+    return (f"the trainer died: role {role!r} rank {rank} during step {step + 1} ({first_line(cause)}). "
             f"Its optimizer state and process group cannot be restarted, so the run stops; {where}.")

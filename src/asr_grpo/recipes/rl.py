@@ -21,7 +21,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from asr_grpo.config.errors import DiskFull
+from asr_grpo.config.errors import DiskFull, first_line
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.config.validate import validate_config
 from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
@@ -218,8 +218,7 @@ class RLRecipe:
         except Exception as exc:   # noqa: BLE001 - only a worker's death is recovered here
             if not is_actor_death(exc) or tries == 0:
                 raise
-            log.warning("a rollout worker was lost during the weight push (%s): pushing again",
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            log.warning("a rollout worker was lost during the weight push (%s): pushing again", first_line(exc))
             # The rest of the broken push ends (bounded by the timeout); a trainer's death is not
             # recovered here: it raises, and the step's trainer-death handler ends the run.
             for ref in receivers:

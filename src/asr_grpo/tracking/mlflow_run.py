@@ -14,6 +14,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
+from asr_grpo.config.errors import first_line
 from asr_grpo.config.schema import LoggerConfig
 
 log = logging.getLogger(__name__)
@@ -160,9 +161,8 @@ class MlflowRun:
             try:
                 operations.wait()
             except Exception as exc:   # MLflow's own error after its last retry
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise TrackingLost(f"MLflow at {self.cfg.tracking_uri} did not take the metrics of step {step} "
-                                   f"within its retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES): {reason}") from exc
+                                   f"within its retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES): {first_line(exc)}") from exc
 
     def log_summary(self, summary: Mapping[str, Any], name: str = "summary.json") -> None:
         mlflow.log_text(json.dumps(summary, indent=2, sort_keys=True, default=str), name)
