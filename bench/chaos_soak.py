@@ -36,7 +36,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from mlflow_server import MlflowServer, free_port  # noqa: E402
+from mlflow_server import MlflowServer, answers, free_port, wait_until  # noqa: E402
 from portable import portable  # noqa: E402
 from remote_reward import start_judge  # noqa: E402
 
@@ -86,15 +86,7 @@ class Soak:
 
     def start_judge(self) -> None:
         self.judge = start_judge(0.0, 4, self.judge_port, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        MlflowServer._wait(self._judge_up, 120, "the reward server to answer")
-
-    def _judge_up(self) -> bool:
-        import urllib.request
-
-        try:
-            return urllib.request.urlopen(f"http://127.0.0.1:{self.judge_port}/health", timeout=1).status == 200
-        except OSError:
-            return False
+        wait_until(lambda: answers(f"http://127.0.0.1:{self.judge_port}/health"), 120, "the reward server to answer")
 
     def launch(self, out: Path, resume: bool) -> subprocess.Popen:
         cmd = run_args(self.args, out, self.mlflow.uri, f"http://127.0.0.1:{self.judge_port}/score")
@@ -175,10 +167,10 @@ def compare(a: Path, b: Path, tracking_uri: str, steps: int) -> dict:
     ids = [ckpt.read_driver_state(ckpt.latest_checkpoint(p))["mlflow_run_id"] for p in (a, b)]
     out: dict = {"run_ids": ids, "metrics": {}}
     for key in COMPARED:
-        hist = [{m.step: m.value for m in client.get_metric_history(i, key)} for i in ids]
-        logged = [len(client.get_metric_history(i, key)) for i in ids]
+        points = [client.get_metric_history(i, key) for i in ids]
+        hist = [{m.step: m.value for m in p} for p in points]
         last = [h.get(steps) for h in hist]
-        out["metrics"][key] = {"steps_logged": [len(h) for h in hist], "points_logged": logged,
+        out["metrics"][key] = {"steps_logged": [len(h) for h in hist], "points_logged": [len(p) for p in points],
                                "missing_steps": [sorted(set(range(1, steps + 1)) - set(h)) for h in hist],
                                "last": last, "max_abs_diff_all_steps": max(
                                    (abs(hist[0][s] - hist[1][s]) for s in hist[0] if s in hist[1]), default=None)}

@@ -19,6 +19,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def answers(url: str) -> bool:
+    """Whether a GET of `url` answers 200 within a second."""
+    try:
+        return urllib.request.urlopen(url, timeout=1).status == 200
+    except OSError:
+        return False
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+        time.sleep(0.5)
+
+
 class MlflowServer:
     """`mlflow server` on 127.0.0.1 over a SQLite store in `folder`, in a session of its
     own (its workers go with it)."""
@@ -33,25 +49,14 @@ class MlflowServer:
                                       "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
                                      cwd=self.folder, start_new_session=True,
                                      stdout=open(self.folder / "server.log", "a"), stderr=subprocess.STDOUT)
-        self._wait(self.healthy, timeout_s, "the MLflow server to answer")
+        wait_until(self.healthy, timeout_s, "the MLflow server to answer")
 
     def healthy(self) -> bool:
-        try:
-            return urllib.request.urlopen(f"{self.uri}/health", timeout=1).status == 200
-        except OSError:
-            return False
+        return answers(f"{self.uri}/health")
 
     def stop(self) -> None:
         """Gone at once, as a crashed or unreachable server."""
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        self._wait(lambda: not self.healthy(), 30, "the MLflow server to go")
-
-    @staticmethod
-    def _wait(condition, timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
-            time.sleep(0.5)
+        wait_until(lambda: not self.healthy(), 30, "the MLflow server to go")
