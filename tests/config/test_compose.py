@@ -192,6 +192,8 @@ def test_group_file_with_unknown_key_is_rejected(tmp_path):
     (["reward=remote", "reward.remote.backoff_s=20"], "reward.remote.backoff_s=20.0, backoff_max_s=10.0"),
     (["reward=remote", "reward.reward_file=x.py"], "reward.reward_file and reward.remote.urls are both set"),
     (["model.lora.rank=-1"], "model.lora.rank=-1: must be >= 0"),
+    (["reward.hang_retries=-1"], "reward.hang_retries=-1: must be >= 0"),
+    (["rollout.weight_sync_timeout_s=0"], "rollout.weight_sync_timeout_s=0.0: must be > 0"),
     (["model.lora.rank=8", "model.lora.alpha=0"], "model.lora.alpha=0.0: must be > 0"),
     (["model.lora.rank=8", "model.lora.dropout=1"], "model.lora.dropout=1.0: must be in [0, 1)"),
     (["model.lora.rank=8", "model.lora.target_modules=[]"], "LoRA needs modules to adapt"),

@@ -83,6 +83,7 @@ def config_problems(cfg: Any) -> list[str]:
     need(ro.sync_check_every >= 0, f"rollout.sync_check_every={ro.sync_check_every}: must be >= 0 (0: off)")
     need(ro.sync_check_sequences >= 1, f"rollout.sync_check_sequences={ro.sync_check_sequences}: must be >= 1")
     need(ro.sync_check_tol > 0, f"rollout.sync_check_tol={ro.sync_check_tol}: must be > 0")
+    need(ro.weight_sync_timeout_s > 0, f"rollout.weight_sync_timeout_s={ro.weight_sync_timeout_s}: must be > 0")
     engines = loaded_registries().get("rollout.engine")   # loaded with the workers (the RL recipe's)
     if engines is not None and ro.engine in engines:
         reason = engines.get(ro.engine).unavailable_reason()
