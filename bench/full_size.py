@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from portable import portable
+from portable import code_commit, portable
 
 REPO = Path(__file__).resolve().parents[1]
 # debug=fast's corpus, for the checkpoint builder (which has no debug group): the same
@@ -230,10 +230,9 @@ def main() -> None:
                                      args.stage_timeout_s)
     if profile.is_file():
         stages["decode"]["profile"] = json.loads(profile.read_text())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     result = {"model": args.model, "machine": f"{platform.processor() or platform.machine()}, "
               f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 1024 ** 3:.0f} GiB",
-              "cpu": cpu_name(), "commit": commit.stdout.strip(), "command": portable(" ".join(sys.argv)),
+              "cpu": cpu_name(), "commit": code_commit(), "command": portable(" ".join(sys.argv)),
               # other work on the machine shows here: times are comparable only at a low load
               "load_average_1min": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
               "stages": stages}

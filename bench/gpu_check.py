@@ -55,7 +55,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from portable import portable  # noqa: E402
+from portable import code_commit, portable  # noqa: E402
 
 FORMAT = "asr-grpo-gpu-check/1"
 STAGES = ("env", "install", "build", "profile", "roofline", "forecast", "hf_pair", "vllm_pair", "separate",
@@ -590,13 +590,7 @@ class Check:
 
 
 def commit() -> str | None:
-    if os.environ.get("GPU_CHECK_COMMIT"):
-        return os.environ["GPU_CHECK_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    return os.environ.get("GPU_CHECK_COMMIT") or code_commit()
 
 
 def unsatisfied(reqs: list[str]) -> list[str]:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from portable import portable
+from portable import code_commit, portable
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = {"full": 0}   # mode -> model.lora.rank (LoRA's rank comes from --rank)
@@ -179,10 +179,8 @@ def child_grpo(args, rank: int) -> dict:
 def machine() -> dict:
     name = next((line.split(":", 1)[1].strip() for line in subprocess.run(
         ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name")), "unknown")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=REPO).stdout.strip()
     return {"cpu": name, "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-            "commit": commit}
+            "commit": code_commit()}
 
 
 def main() -> None:

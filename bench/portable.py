@@ -3,6 +3,7 @@ wrote them: a path inside the repository is written relative to it, one in the t
 folder under `<tmp>`. tests/bench/test_results_portable.py holds every committed result to it."""
 from __future__ import annotations
 
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -14,3 +15,14 @@ def portable(text: str) -> str:
     written `<tmp>`."""
     text = text.replace(f"{REPO}/", "").replace(str(REPO), ".")
     return text.replace(f"{tempfile.gettempdir()}/", "<tmp>/")
+
+
+def code_commit() -> str | None:
+    """The short hash of the repository's HEAD, the code a result measured (None outside a
+    git checkout)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
