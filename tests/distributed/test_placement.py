@@ -232,38 +232,52 @@ def test_unsatisfiable_requests_fail_clearly_without_hanging(local_ray, groups):
     assert "PENDING" not in states and "REMOVED" in states
 
 
-def pusher_cls():
+def feeder_classes():
     from asr_grpo.distributed.role_group import RoleBase
+    from asr_grpo.rollout.types import SequenceResult
 
-    class Pusher(RoleBase):
-        """A long call that pushes items one by one to a feed inbox, without waiting."""
+    class Feeder(RoleBase):
+        """A long call that sends items one by one through a reward feed, without waiting."""
 
-        def work(self, n, inbox):
+        def work(self, n, sink):
             for i in range(n):
                 time.sleep(0.05)
-                inbox.put([i])
-            return n
-    return Pusher
+                sink.send([SequenceResult(f"u{i}", "g", [i], [0.0], [0], "stop")])
+            self.sent = sink.take_sent()
+            return time.time()
+
+        def take_fed(self):
+            return self.sent
+
+    class Scorer(RoleBase):
+        """Stands for a reward worker: records when each send arrived."""
+
+        def score_finished(self, seqs, utterances):
+            return {"uids": [s.uid for s in seqs], "at": time.time(), "label": utterances[0]["text"]}
+    return Feeder, Scorer
 
 
 @pytest.mark.slow
-def test_a_long_call_pushes_to_the_feed_inbox_while_it_runs(local_ray, groups):
-    from asr_grpo.distributed.feed_inbox import RayFeedInbox
-    from asr_grpo.distributed.ray_cluster import ray_calls_ended
+def test_a_long_call_sends_to_the_reward_workers_while_it_runs(local_ray, groups):
+    from types import SimpleNamespace
+
+    from asr_grpo.distributed.reward_feed import RewardFeed
     from asr_grpo.distributed.role_group import RoleGroup
-    plan = plan_placement(COLOCATE, {"actor": 1})
+    from asr_grpo.rollout.feed import FeedSink
+    feeder_cls, scorer_cls = feeder_classes()
+    plan = plan_placement(COLOCATE, {"actor": 1, "reward": 1})
     groups["pg"] = create_placement_group(plan, timeout_s=120)
-    pusher = RoleGroup("actor", pusher_cls(), plan, groups["pg"], timeout_s=120)
-    groups["groups"].append(pusher)
-    pusher.wait_ready()
-    inbox = RayFeedInbox()
-    calls = pusher.call("work", 20, inbox)
-    during = []
-    while not ray_calls_ended(calls, 0.1):
-        during += inbox.take()
-    assert ray.get(calls) == [20]
-    assert 0 < len(during) < 20          # taken while the call ran, before it ended
-    deadline = time.monotonic() + 30     # the last pushes may land after the call's end
-    while len(during) < 20 and time.monotonic() < deadline:
-        during += inbox.take()
-    assert during == list(range(20))     # each item once, in order
+    feeder = RoleGroup("actor", feeder_cls, plan, groups["pg"], timeout_s=120)
+    scorer = RoleGroup("reward", scorer_cls, plan, groups["pg"], timeout_s=120)
+    groups["groups"] += [feeder, scorer]
+    feeder.wait_ready()
+    scorer.wait_ready()
+    utt = {"text": "ref", "language": "en", "keywords": ["ref"], "duration": 1.0}
+    sink = FeedSink(RewardFeed(scorer.handles), every_s=0.0).for_groups({"g": SimpleNamespace(utterance=utt)})
+    ended = ray.get(feeder.call("work", 20, sink))[0]
+    fed = ray.get(feeder.call("take_fed"))[0]
+    assert [uids for _, uids in fed] == [[f"u{i}"] for i in range(20)]   # each item once, in order
+    answers = [ray.get(ref) for (rank, ref), _ in fed]                   # the driver collects the host's calls
+    assert [a["uids"] for a in answers] == [[f"u{i}"] for i in range(20)]
+    assert {rank for (rank, _), _ in fed} == {0} and {a["label"] for a in answers} == {"ref"}
+    assert sum(a["at"] < ended for a in answers) >= 10   # they arrived while the call ran

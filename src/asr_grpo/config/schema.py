@@ -418,8 +418,8 @@ class RemoteRewardConfig:
     # whole batch after the rollout). Off by default: on 2 CPU cores it measured no
     # difference, the feed's own work slowing the decode it hides under (docs/overlap.md).
     feed: bool = False
-    # With `feed`: how often a decoding host pushes what finished, and how often the
-    # driver takes it and sends it (each goes out within twice this of its last token).
+    # With `feed`: how often at most a decoding host sends what finished to a reward
+    # worker (each goes out within about this of its last token).
     feed_every_s: float = 0.05
 
 

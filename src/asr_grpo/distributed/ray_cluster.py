@@ -178,12 +178,3 @@ def shutdown_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
     _started = None
-
-
-def ray_calls_ended(refs: list, timeout_s: float) -> bool:
-    """Whether every call in `refs` has ended within `timeout_s` seconds (the scheduler's
-    `wait`: it takes finished sequences from a decode until the decode ends)."""
-    import ray
-
-    _, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s, fetch_local=False)
-    return not pending

@@ -24,6 +24,7 @@ from asr_grpo.experience.advantages import estimate_advantages
 from asr_grpo.experience.types import ExperienceItem, PromptGroup, SequenceRef, check_finite
 from asr_grpo.rewards.combine import RewardResult
 from asr_grpo.rewards.loader import RewardFunctionError
+from asr_grpo.rewards.request import reward_request
 from asr_grpo.rollout.types import SequenceResult
 
 log = logging.getLogger(__name__)
@@ -186,24 +187,43 @@ class ExperienceMaker:
 
     def submit_finished(self, groups: list[PromptGroup], seqs: list[SequenceResult]) -> None:
         """Streamed rewards: send sequences to the reward workers as soon as they finish
-        (the scheduler calls this once per decoded chunk), so a reward service's wait
-        runs under the decode; `make` then collects what is already there. The reward
-        of a sequence depends only on its text, so it is the one the serial step gets."""
+        (the scheduler calls this for what a decode call's end brought), so a reward
+        service's wait runs under the decode; `make` then collects what is already there.
+        The reward of a sequence depends only on its text, so it is the one the serial
+        step gets."""
         batch = self.reward_batch(groups, seqs)
         for worker, ref, idx in self._reward_calls(batch, len(seqs)):
-            key = next(self._call_ids)
-            self._early_calls[key] = (worker, ref, [seqs[i].uid for i in idx])
-            self._early.update({seqs[i].uid: key for i in idx})
+            self._adopt(worker, ref, [seqs[i].uid for i in idx])
+
+    def adopt_fed(self, call: tuple, uids: list[str]) -> None:
+        """A reward call a rollout host's feed made while it decoded (rollout/feed.py):
+        `call` is (reward worker rank, its pending result) for `uids`; `make` collects
+        it as one of its own."""
+        rank, ref = call
+        self._adopt(self.reward.handles[rank], ref, uids)
+
+    def _adopt(self, worker, ref, uids: list[str]) -> None:
+        key = next(self._call_ids)
+        self._early_calls[key] = (worker, ref, uids)
+        self._early.update({u: key for u in uids})
 
     def _take_early(self, seqs: list[SequenceResult]) -> dict[str, RewardResult]:
         """The streamed rewards of `seqs` (one row each); a call's other rows (groups
-        still waiting in the overcommit buffer) are kept for the step that trains them."""
+        still waiting in the overcommit buffer) are kept for the step that trains them.
+        A fed call whose maker died with it (a restarted rollout worker) is lost: its
+        sequences are scored again with the rest."""
         for key in sorted({self._early[s.uid] for s in seqs if s.uid in self._early}):
             worker, ref, uids = self._early_calls.pop(key)
-            result = self._collect([(worker, ref, uids)])
+            for uid in uids:
+                self._early.pop(uid, None)
+            try:
+                result = self._collect([(worker, ref, uids)])
+            except ray.exceptions.ObjectLostError as exc:
+                log.warning("a fed reward call was lost with the host that made it (%s): scoring its %d "
+                            "sequences again", type(exc).__name__, len(uids))
+                continue
             for pos, uid in enumerate(uids):
                 self._resolved[uid] = result.select([pos])
-                self._early.pop(uid, None)
         return {s.uid: self._resolved.pop(s.uid) for s in seqs if s.uid in self._resolved}
 
     def _request_stats(self) -> dict[str, float]:
@@ -219,13 +239,8 @@ class ExperienceMaker:
 
     def reward_batch(self, groups: list[PromptGroup], seqs: list[SequenceResult]) -> dict:
         by_uid = {g.uid: g for g in groups}
-        utts = [by_uid[s.group].utterance for s in seqs]
         responses = self.tokenizer.batch_decode([s.tokens for s in seqs], skip_special_tokens=True)
-        prompts = [""] * len(seqs)  # the prompt is audio; its text part is the fixed request
-        return {"queries": responses, "prompts": prompts, "labels": [u["text"] for u in utts],
-                "responses": responses, "languages": [u["language"] for u in utts],
-                "keywords": [list(u["keywords"]) for u in utts], "durations": [float(u["duration"]) for u in utts],
-                "finish_reasons": [s.finish_reason for s in seqs], "sample_ids": [s.uid for s in seqs]}
+        return reward_request(responses, [by_uid[s.group].utterance for s in seqs], seqs)
 
     def judge_groups(self, groups: list[PromptGroup], results: dict[str, list[SequenceResult]]) -> set[str]:
         """Dynamic sampling, asked by the scheduler as groups finish: the rewards of these

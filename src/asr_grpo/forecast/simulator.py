@@ -133,11 +133,11 @@ class Simulation:
     # ---- one step --------------------------------------------------------------------------
     def _send_finished(self, groups, seqs) -> None:
         """The scheduler's `on_finished`: each sequence as it finished (the engines stamp
-        their virtual time), sent the feed's period later on average (the host pushes
-        every period, the driver takes every period)."""
+        their virtual time), sent half the feed's period later on average (the host
+        sends what finished at most once a period)."""
         fresh = [s for s in seqs if s.uid not in self._asked]
         self._asked.update(s.uid for s in fresh)
-        lag = RemoteRewardConfig.feed_every_s
+        lag = RemoteRewardConfig.feed_every_s / 2
         self._sent += [(s.finished_at if s.finished_at is not None else self.clock.now) + lag for s in fresh]
 
     def _reward_wait(self, seqs, sent_at: float) -> float:

@@ -38,7 +38,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from asr_grpo.experience.types import PromptGroup
 from asr_grpo.overlap.cost_model import CostFitter
@@ -95,7 +95,7 @@ class RolloutScheduler:
                  stream_hidden_prior: float = 0.0, clock: Callable[[], float] = time.monotonic,
                  on_finished: Callable[[list[PromptGroup], list[SequenceResult]], None] | None = None,
                  recorded_plans: Mapping[int, dict] | None = None,
-                 wait: Callable[[list, float], bool] | None = None, feed: FeedSink | None = None,
+                 feed: FeedSink | None = None, on_fed: Callable[[Any, list[str]], None] | None = None,
                  dynamic_sampling: DynamicSampling | None = None):
         self.mode = overlap_cfg.mode
         if self.mode not in MODES:
@@ -116,12 +116,12 @@ class RolloutScheduler:
         self.planner = make_planner(overlap_cfg, prompts_per_step, stream_hidden_prior, recorded_plans,
                                     streams_rewards=self.streams.on_finished is not None)
         # With a streamed reward every decode call's finished sequences are sent after
-        # the call; with a `feed` (rollout/feed.py) the hosts also push them while the
-        # call runs, and the driver takes them every `feed.every_s` until `wait(refs,
-        # seconds)` says the calls ended (None: the caller cannot wait part-way, e.g.
-        # the forecast's clock), so each is sent soon after its last token.
+        # the call; with a `feed` (rollout/feed.py) the hosts also send them while the
+        # call runs, so each goes soon after its last token, and after the call each
+        # host's sends go to `on_fed(call, uids)` (the experience maker collects them).
         self.feeds = self.streams.on_finished is not None
-        self._wait, self.feed = wait, feed if self.feeds else None
+        self.feed = feed if self.feeds and on_fed is not None else None
+        self.on_fed = on_fed
         self.stop_check_every = int(overlap_cfg.stop_check_every)
         self.recheck_tokens = int(overlap_cfg.chunk_size)
         self.buffer: list[BufferedGroup] = []
@@ -188,11 +188,12 @@ class RolloutScheduler:
         while not self._enough():
             before = {s.uid: len(s.tokens) for e in self.buffer for s in e.samples.values()}
             quotas = self._quotas()
-            calls = [self.hosts.call_rank(h, "decode", call_tokens, quotas[h], self.stop_check_every, self.feed)
+            feed = self.feed.for_groups({e.group.uid: e.group for e in self.buffer}) if self.feed else None
+            calls = [self.hosts.call_rank(h, "decode", call_tokens, quotas[h], self.stop_check_every, feed)
                      for h in range(self.hosts.world_size)]
-            if self.feed is not None and self._wait is not None:
-                sent_early += self._feed_while(calls)
             replies = self._gather(calls)
+            if feed is not None:
+                sent_early += self._take_fed()
             touched = [r for results in replies for r in results or []]
             if not touched and None not in replies:
                 self._lost_sequences()
@@ -269,16 +270,22 @@ class RolloutScheduler:
         live = {s.uid for e in self.buffer for s in e.samples.values() if not s.done} if streaming else set()
         self.streams.begin_step(live)
 
-    def _feed_while(self, calls: list) -> int:
-        """Until the decode `calls` end: every `feed.every_s`, what the hosts pushed to
-        the feed's inbox goes to `on_finished`; returns how many went. A push can land
-        after its call ended: one of a group already trained is dropped here, one sent
-        already is dropped by the ledger."""
-        groups = {e.group.uid: e.group for e in self.buffer}
+    def _take_fed(self) -> int:
+        """What the hosts' feeds sent during the decode calls just gathered: each call to
+        `on_fed`, its sequences marked sent; returns how many. A host that died since
+        lost its sends; what it finished comes back with its restored sequences."""
         sent = 0
-        while not self._wait(calls, self.feed.every_s):
-            fed = [r for r in self.feed.inbox.take() if r.group in groups]
-            sent += self.streams.send_finished(fed, groups)
+        for rank in range(self.hosts.world_size):
+            try:
+                fed = self._get(self.hosts.call_rank(rank, "take_fed"))
+            except Exception as exc:
+                if not self._is_death(exc):
+                    raise
+                continue
+            for call, uids in fed:
+                self.streams.mark_sent(uids)
+                self.on_fed(call, uids)
+                sent += len(uids)
         return sent
 
     def _quotas(self) -> list[int | None]:

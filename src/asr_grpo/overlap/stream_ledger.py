@@ -144,6 +144,10 @@ class StreamLedger:
         self.on_finished(list({r.group: groups[r.group] for r in finished}.values()), finished)
         return len(finished)
 
+    def mark_sent(self, uids: list[str]) -> None:
+        """Finished sequences a host's feed already sent (rollout/feed.py): not again."""
+        self._sent.update(uids)
+
     def drop(self, uids: list[str]) -> None:
         """Finished sequences of groups that will never train (dynamic sampling dropped
         them): forget them everywhere; their scores, in calls already sent, are discarded."""

@@ -27,10 +27,10 @@ from asr_grpo.config.validate import validate_config
 from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
 from asr_grpo.data.augment import perturb
 from asr_grpo.distributed.faults import TrainerDied, is_actor_death, restart_options, trainer_died_message
-from asr_grpo.distributed.feed_inbox import RayFeedInbox
 from asr_grpo.distributed.net import free_port
 from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
-from asr_grpo.distributed.ray_cluster import ray_calls_ended, shutdown_ray, start_ray
+from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
+from asr_grpo.distributed.reward_feed import RewardFeed
 from asr_grpo.distributed.role_group import RoleGroup
 from asr_grpo.evaluation import evaluation_sets, load_first, metrics_of_sets
 from asr_grpo.experience.maker import ExperienceMaker, samples_trained_per_prompt, split_even
@@ -127,18 +127,18 @@ class RLRecipe:
         self.remote_reward = bool(cfg.reward.remote.urls)
         # With `reward.remote.feed` a reward service is asked as sequences finish (under
         # intra/oppo): its wait is on another machine, so it hides under the decode. The
-        # rollout hosts then push what finished to an inbox while a decode runs
-        # (rollout/feed.py). Otherwise the service is asked after the rollout, as is a
+        # rollout hosts then send what finished straight to the reward workers while a
+        # decode runs (rollout/feed.py). Otherwise the service is asked after the rollout, as is a
         # local reward file (its work would share the decode's cores) and a reward that
         # takes the LM reward model's scores (they come after the rollout).
         feeds = self.remote_reward and cfg.reward.remote.feed and not use_lm and MODES[cfg.overlap.mode][0]
-        self.feed = FeedSink(RayFeedInbox(), cfg.reward.remote.feed_every_s) if feeds else None
         self.policy = mk("actor", PolicyRole, cfg=cfg_dict, optimizer_steps=opt_steps)
         self.ref = mk("ref", ReferenceRole, cfg=cfg_dict) if counts["ref"] else None
         self.critic = mk("critic", CriticRole, cfg=cfg_dict, optimizer_steps=opt_steps) if counts["critic"] else None
         if self.remote_reward:
             self.reward = mk("reward", RemoteRewardWorker, remote=cfg_dict["reward"]["remote"],
-                             weights=dict(cfg.reward.weights), on_bad_reward=cfg.reward.on_bad_reward, seed=cfg.seed)
+                             weights=dict(cfg.reward.weights), on_bad_reward=cfg.reward.on_bad_reward, seed=cfg.seed,
+                             tokenizer_path=cfg.model.path if feeds else None)
         else:
             self.reward = mk("reward", RewardWorker, reward_file=cfg.reward.reward_file,
                              weights=dict(cfg.reward.weights), timeout_s=cfg.reward.timeout_s,
@@ -171,8 +171,10 @@ class RLRecipe:
                                           resolve=ray.get, is_death=is_actor_death, restore_host=restore,
                                           frozen_scorers=("ref", "lm"), stream_hidden_prior=stream_hidden_prior(cfg),
                                           on_finished=self.maker.submit_finished if feeds else None,
-                                          recorded_plans=recorded_plans, wait=ray_calls_ended,
-                                          feed=self.feed, dynamic_sampling=self._dynamic_sampling())
+                                          recorded_plans=recorded_plans,
+                                          feed=FeedSink(RewardFeed(self.reward.handles),
+                                                        cfg.reward.remote.feed_every_s) if feeds else None,
+                                          on_fed=self.maker.adopt_fed if feeds else None, dynamic_sampling=self._dynamic_sampling())
         self.placement = {g.role: g.placement_report() for g in self.groups}
         self._pids = {g.role: g.pids() for g in self.groups if g.restartable}
         self.restarts = {role: 0 for role in self._pids}

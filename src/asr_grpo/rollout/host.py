@@ -39,11 +39,18 @@ class EngineHost:
         """Advance every live sequence (up to `max_tokens`, or until `stop_after_groups`
         groups completed); returns the state of each sequence touched (finished ones
         included, so nothing needs `pop_finished` afterwards). `feed`: the sequences that
-        finish are pushed there while the call runs (rollout/feed.py)."""
+        finish are sent there while the call runs (rollout/feed.py); `take_fed` then
+        gives the driver the calls it made."""
         self.refuse_if_restarted("its live sequences and weights")
         touched = [s.result() for s in self.engine.decode(max_tokens, stop_after_groups, stop_check_every, feed)]
         self.engine.pop_finished()
+        self._fed = feed.take_sent() if feed is not None else []
         return touched
+
+    def take_fed(self) -> list:
+        """The reward calls the last decode call's feed made, (call, uids) each; once."""
+        fed, self._fed = getattr(self, "_fed", []), []
+        return fed
 
     def take_decode_stats(self) -> dict:
         """Decode-round and prefill costs measured since the last call (cost model input)."""
