@@ -7,12 +7,13 @@ several service settings, with every speedup's 95% interval and the ideal it is 
     python bench/remote_reward.py --from-json bench/results/cpu_2core_remote_reward/remote_reward.json
 
 How the wait is made (this machine has no second box to run a judge on): the real
-`asr-grpo-reward-server` runs here with `bench/judge_reward.py`, which holds one of the
-server's `slots` for `seconds_per_sequence` per sequence in `time.sleep` (no local core
-used, as a remote GPU uses none of ours) and then scores with the built-in ASR reward;
-the trainer reaches it over loopback through `bench/delay_proxy.py`, which delays every
-byte by `one_way_s` each way. So the service scores `slots / seconds_per_sequence`
-sequences a second, at most `slots` requests at once, and every request pays
+`asr-grpo-reward-server` runs here with `bench/judge_reward.py`, which serves
+`slots` sequences at once for `seconds_per_sequence` each, first come first served over
+every request in flight, in `time.sleep` (no local core used, as a remote GPU uses none
+of ours), and then scores with the built-in ASR reward; the trainer reaches it over
+loopback through `bench/delay_proxy.py`, which delays every byte by `one_way_s` each
+way. So the service scores `slots / seconds_per_sequence` sequences a second, whatever
+the requests' sizes (as a batching server would), and every request pays
 2 x one_way_s of network on top. The server and the proxy stand for another machine and
 its network. By default (`--cores shared`) they share every core with the trainer. With
 `--cores split` they run on the box's last core and the trainer (this process, Ray and
@@ -64,8 +65,11 @@ SETTINGS = {
 # `make run`'s recipe (nothing pinned: 32 samples a prompt, 8 of them trained) with the
 # reward sent to the service, fed as sequences finish; the client may keep every slot busy.
 WORKLOAD = ["reward.remote.feed=true", "reward.remote.batch_size=16", "reward.remote.max_in_flight=8", "reward.remote.timeout_s=60"]
+# Requests the judge's server scores at once (threads that mostly wait on the slots).
+REQUESTS_ADMITTED = 64
 CALLBACK_KEYS = ("perf/time/step", "perf/time/reward_wait", "perf/time/rollout", "perf/time/rollout_decode",
-                 "perf/time/scoring_wall", "perf/time/training", "perf/time/sync", "overlap/chunk", "overlap/delta")
+                 "perf/time/scoring_wall", "perf/time/training", "perf/time/sync", "overlap/chunk", "overlap/delta",
+                 "overlap/rows_decoded", "reward/total")
 
 
 def split_cores() -> tuple[set[int], set[int]]:
@@ -77,11 +81,14 @@ def split_cores() -> tuple[set[int], set[int]]:
 
 
 def start_judge(seconds_per_sequence: float, slots: int, port: int, **popen) -> subprocess.Popen:
-    """`asr-grpo-reward-server` with the judge on `port` (not waited for)."""
-    env = {**os.environ, "ASR_GRPO_JUDGE_SECONDS_PER_SEQUENCE": str(seconds_per_sequence)}
+    """`asr-grpo-reward-server` with the judge on `port` (not waited for): `slots`
+    sequences served at once; the server admits far more requests than the client keeps
+    in flight, so only the judge's slots bound it."""
+    env = {**os.environ, "ASR_GRPO_JUDGE_SECONDS_PER_SEQUENCE": str(seconds_per_sequence),
+           "ASR_GRPO_JUDGE_SLOTS": str(slots)}
     return subprocess.Popen([sys.executable, "-m", "asr_grpo.rewards.server", "--port", str(port),
-                             "--reward-file", str(JUDGE), "--concurrency", str(slots), "--max-queue", "1024",
-                             "--log-level", "warning"], env=env, **popen)
+                             "--reward-file", str(JUDGE), "--concurrency", str(REQUESTS_ADMITTED),
+                             "--max-queue", "1024", "--log-level", "warning"], env=env, **popen)
 
 
 def start_service(setting: tuple[float, int, float], port: int, cores: set[int] | None) -> tuple[list[subprocess.Popen], str]:
@@ -133,6 +140,14 @@ def ideal_step(rec: dict, setting: tuple[float, int, float]) -> tuple[float, flo
     return rec["perf/time/step"] - max(0.0, wait - exposed), exposed
 
 
+def same_work(a: list[dict], b: list[dict]) -> bool:
+    """Whether two runs' steps did the same work, step for step (the same rows decoded
+    and the same mean reward: the same tokens sampled), so step i of one pairs with step i
+    of the other and the interval leaves out what the steps' own work varies by."""
+    work = lambda r: (r.get("overlap/rows_decoded"), r.get("reward/total"))  # noqa: E731
+    return len(a) == len(b) and all(None not in work(x) and work(x) == work(y) for x, y in zip(a, b))
+
+
 def finish_spread(records: list[dict]) -> dict:
     """Finish times as shares of the decode (p10/p50/p90 over every sample of the steps)."""
     shares = sorted((f - r["started_at"]) / max(1e-9, r["decoded_at"] - r["started_at"])
@@ -164,8 +179,11 @@ def analyse(name: str, setting: tuple, runs: dict[str, list[dict]], timelines: d
         "forecast": forecast,
     })
     for mode, rows in base["modes"].items():
-        mode_ci = speedup_ci([[r["perf/time/step"] for r in tl if r["step"] + 1 > warmup] for tl in timelines["none"]],
-                             [[r["perf/time/step"] for r in tl if r["step"] + 1 > warmup] for tl in timelines[mode]])
+        measured = {m: [[r for r in tl if r["step"] + 1 > warmup] for tl in timelines[m]] for m in ("none", mode)}
+        paired = len(measured["none"]) == len(measured[mode]) and all(
+            same_work(a, b) for a, b in zip(measured["none"], measured[mode]))
+        mode_ci = speedup_ci([[r["perf/time/step"] for r in tl] for tl in measured["none"]],
+                             [[r["perf/time/step"] for r in tl] for tl in measured[mode]], paired=paired)
         rows["step_speedup_ci"] = mode_ci.to_dict()
         ideal_gain = ideal_ci.point - 1.0
         rows["share_of_ideal"] = (mode_ci.point - 1.0) / ideal_gain if ideal_gain > 1e-9 else None
@@ -190,9 +208,10 @@ def markdown(results: list[dict]) -> str:
             share = f"{100 * m['share_of_ideal']:.0f}%" if m.get("share_of_ideal") is not None else "-"
             used = f"{'/'.join(str(int(c)) for c in m['chunks'])} / {'/'.join(str(int(d)) for d in m['deltas'])}"
             fc = (r.get("forecast") or {}).get(mode)
+            paired = " (paired)" if m["step_speedup_ci"].get("method") == "paired" else ""
             out.append(f"| {r['workload'].split('/')[-1]} | {service} | {r['serial_reward_wait_s']:.2f} / "
                        f"{r['nominal_serial_wait_s']:.2f} s | {spread_s} | {format_speedup(r['ideal_speedup'])} | "
-                       f"{mode} | {format_speedup(m['step_speedup_ci'])} | {share} | {used} | "
+                       f"{mode} | {format_speedup(m['step_speedup_ci'])}{paired} | {share} | {used} | "
                        f"{f'{fc:.2f}x' if isinstance(fc, (int, float)) else '-'} |")
     return "\n".join(out) + "\n"
 

@@ -58,17 +58,31 @@ def test_the_proxy_adds_its_latency_each_way():
     assert min(delayed) - direct < 0.2 + 0.15         # and not much more
 
 
-def test_the_judge_holds_each_sequence_then_scores_with_the_builtin_reward(monkeypatch):
-    monkeypatch.setenv("ASR_GRPO_JUDGE_SECONDS_PER_SEQUENCE", "0.05")
+def test_the_judge_serves_sequences_on_its_slots_then_scores_with_the_builtin_reward(monkeypatch):
+    monkeypatch.setenv("ASR_GRPO_JUDGE_SECONDS_PER_SEQUENCE", "0.1")
+    monkeypatch.setenv("ASR_GRPO_JUDGE_SLOTS", "2")
     judge = load_bench_script("judge_reward")
     from asr_grpo.rewards.asr_reward import reward_func
 
-    kw = {"languages": ["en", "en"], "responses": ["language English<asr_text>the cat", "language English<asr_text>a"]}
+    responses = ["language English<asr_text>the cat", "language English<asr_text>a"] * 2
+    kw = {"languages": ["en"] * 4, "responses": responses}
+    labels = ["the cat", "the dog"] * 2
     t0 = time.monotonic()
-    got = judge.reward_func(kw["responses"], ["", ""], ["the cat", "the dog"], **kw)
-    assert time.monotonic() - t0 >= 0.1
-    want = reward_func(kw["responses"], ["", ""], ["the cat", "the dog"], **kw)
+    got = judge.reward_func(responses, [""] * 4, labels, **kw)
+    elapsed = time.monotonic() - t0
+    # 4 sequences over 2 slots: two waves of 0.1 s (one slot per request would take 0.4 s)
+    assert 0.2 <= elapsed < 0.35
+    want = reward_func(responses, [""] * 4, labels, **kw)
     assert got["rewards"].tolist() == want["rewards"].tolist()
+    # Two requests at once share the slots, first come first served: 2 + 2 sequences, two waves.
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=judge.reward_func, args=(responses[:2], ["", ""], labels[:2]),
+                                kwargs={"languages": ["en"] * 2, "responses": responses[:2]}) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 0.2 <= time.monotonic() - t0 < 0.35
 
 
 def test_the_ideal_hides_what_the_service_drains_before_the_decode_ends():
