@@ -15,12 +15,12 @@ loopback through `bench/delay_proxy.py`, which delays every byte by `one_way_s` 
 way. So the service scores `slots / seconds_per_sequence` sequences a second, whatever
 the requests' sizes (as a batching server would), and every request pays
 2 x one_way_s of network on top. The server and the proxy stand for another machine and
-its network. By default (`--cores shared`) they share every core with the trainer. With
-`--cores split` they run on the box's last core and the trainer (this process, Ray and
-every actor it starts) on the others: the service's own CPU work never lands on a
-trainer core, as on another machine, and the trainer's torch threads follow the cores
-it has (`workers/threads.node_cores`). Either way the client side (the reward worker's
-HTTP client, the driver's feed) runs on the trainer's cores, as with a real service.
+its network. By default (`--cores split`) they run on the box's last core and the
+trainer (this process, Ray and every actor it starts) on the others: the service's own
+CPU work never lands on a trainer core, as on another machine, and the trainer's torch
+threads follow the cores it has (`workers/threads.node_cores`). With `--cores shared`
+they share every core with the trainer. Either way the client side (the rollout host's sends,
+the reward worker's HTTP client) runs on the trainer's cores, as with a real service.
 
 The ideal (what a perfect pipeline could hide): every sequence sent the moment its last
 token is sampled (its `finished_at`), served first come first served on the `slots`,
@@ -227,7 +227,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=3)
     ap.add_argument("--order-seed", type=int, default=0)
     ap.add_argument("--port", type=int, default=18431, help="the judge server's port (its proxy: the next one)")
-    ap.add_argument("--cores", choices=["split", "shared"], default="shared",
+    ap.add_argument("--cores", choices=["split", "shared"], default="split",
                     help="split: the service (server, proxy) on the last core, the trainer on the others; "
                          "shared: everything on every core")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cpu_2core_remote_reward"))

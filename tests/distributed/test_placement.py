@@ -257,6 +257,21 @@ def feeder_classes():
     return Feeder, Scorer
 
 
+def length_scorer_cls():
+    from asr_grpo.distributed.role_group import RoleBase
+
+    class LengthScorer(RoleBase):
+        """A reward worker whose reward is a sequence's token count, after a short wait."""
+
+        def score_finished(self, seqs, utterances):
+            import torch
+
+            from asr_grpo.rewards.combine import RewardResult
+            time.sleep(0.2)
+            return {**RewardResult(torch.tensor([float(len(s.tokens)) for s in seqs])).to_dict(), "hung_calls": 0}
+    return LengthScorer
+
+
 @pytest.mark.slow
 def test_a_long_call_sends_to_the_reward_workers_while_it_runs(local_ray, groups):
     from types import SimpleNamespace
@@ -281,3 +296,35 @@ def test_a_long_call_sends_to_the_reward_workers_while_it_runs(local_ray, groups
     assert [a["uids"] for a in answers] == [[f"u{i}"] for i in range(20)]
     assert {rank for (rank, _), _ in fed} == {0} and {a["label"] for a in answers} == {"ref"}
     assert sum(a["at"] < ended for a in answers) >= 10   # they arrived while the call ran
+
+
+@pytest.mark.slow
+def test_a_fed_call_lost_with_its_host_is_left_to_be_scored_again(local_ray, groups):
+    from types import SimpleNamespace
+
+    from asr_grpo.distributed.reward_feed import RewardFeed
+    from asr_grpo.distributed.role_group import RoleGroup
+    from asr_grpo.experience.maker import ExperienceMaker
+    from asr_grpo.rollout.feed import FeedSink
+    from asr_grpo.rollout.types import SequenceResult
+    plan = plan_placement(COLOCATE, {"actor": 1, "reward": 1})
+    groups["pg"] = create_placement_group(plan, timeout_s=120)
+    feeder = RoleGroup("actor", feeder_classes()[0], plan, groups["pg"], timeout_s=120)
+    scorer = RoleGroup("reward", length_scorer_cls(), plan, groups["pg"], timeout_s=120)
+    groups["groups"] += [feeder, scorer]
+    feeder.wait_ready()
+    scorer.wait_ready()
+    utt = {"text": "ref", "language": "en", "keywords": [], "duration": 1.0}
+    sink = FeedSink(RewardFeed(scorer.handles), every_s=0.0).for_groups({"g": SimpleNamespace(utterance=utt)})
+    ray.get(feeder.call("work", 4, sink))
+    maker = ExperienceMaker(None, None, None, None, None, SimpleNamespace(handles=scorer.handles))
+    for call, uids in ray.get(feeder.call("take_fed"))[0]:
+        maker.adopt_fed(call, uids)
+    seqs = [SequenceResult(f"u{i}", "g", [i], [], [], "stop") for i in range(4)]
+    kept = maker._take_early(seqs[:2])            # collected while the host that made the calls lives
+    assert sorted(kept) == ["u0", "u1"] and [kept[u].total.tolist() for u in ("u0", "u1")] == [[1.0], [1.0]]
+    ray.kill(feeder.handles[0], no_restart=True)  # the calls' owner goes, and their results with it
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(feeder.handles[0].take_fed.remote(), timeout=30)
+    assert maker._take_early(seqs[2:]) == {}      # lost: left to be scored with the rest, no error
+    assert maker._early == {} and maker._early_calls == {}
