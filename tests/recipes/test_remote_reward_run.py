@@ -58,7 +58,7 @@ def first_step(root, name: str, *overrides: str):
 
 
 # Fed through chunks of 3, and from one decode call (the cost-model planner's first steps
-# are serial: the driver takes what finished while the call runs); not fed by default.
+# are serial: the host sends what finished while the call runs); not fed by default.
 @pytest.mark.parametrize("plan, calls", [(("overlap.controller=fixed", "reward.remote.feed=true"), "several"),
                                          (("overlap.controller=cost_model", "reward.remote.feed=true",
                                            "reward.remote.feed_every_s=0.005"), "one"),

@@ -80,8 +80,8 @@ class SequencePool:
         self.max_new_tokens, self.eos = max_new_tokens, set(eos or ())
         self.clock = time.perf_counter   # the forecast's simulated engines run on a virtual clock
         self.wall_clock = time.time      # stamps `finished_at` (the forecast's engines: their virtual time)
-        # The feed (rollout/feed.py): where a decode call pushes what finished, what it
-        # has not pushed yet, and when it last pushed (on `clock`).
+        # The feed (rollout/feed.py): where a decode call sends what finished, what it
+        # has not sent yet, and when it last sent (on `clock`).
         self._feed: FeedSink | None = None
         self._fed: list[SequenceState] = []
         self._fed_at = 0.0
@@ -102,7 +102,7 @@ class SequencePool:
         call (checked every `stop_check_every` rounds). Returns the sequences advanced
         (finished ones move to `pop_finished`). Every row advances one token per
         round, so the tokens a sequence gained in a call say in which round it finished.
-        `feed`: the sequences that finish are also pushed there while the call runs."""
+        `feed`: the sequences that finish are also sent there while the call runs."""
         self.start_feed(feed)
         self._prepare()
         touched = [s for s in self._live if not s.done]
@@ -138,8 +138,8 @@ class SequencePool:
 
     # ---- the feed of finished sequences ---------------------------------------------------
     def start_feed(self, feed: FeedSink | None) -> None:
-        """At a decode call's start: where it pushes what finishes (None: nowhere). What
-        the last call did not push is dropped (the caller had it in that call's results)."""
+        """At a decode call's start: where it sends what finishes (None: nowhere). What
+        the last call did not send is dropped (the caller had it in that call's results)."""
         self._feed, self._fed, self._fed_at = feed, [], self.clock()
 
     def _mark_finished(self, seq: SequenceState) -> None:
@@ -148,7 +148,7 @@ class SequencePool:
             self._fed.append(seq)
 
     def _push_fed(self) -> None:
-        """Between rounds: push what finished since the last push, once `every_s` passed."""
+        """Between rounds: send what finished since the last send, once `every_s` passed."""
         if self._fed and self.clock() - self._fed_at >= self._feed.every_s:
             self._feed.send([s.result() for s in self._fed])
             self._fed, self._fed_at = [], self.clock()
