@@ -24,7 +24,7 @@ run: install  ## the main job on the embedded default: GRPO + OPPO overlap from 
 bench: install  ## OPPO speedup benchmark, default workload (~25 min on 2 cores): none|intra|inter|oppo -> bench/results/cpu_2core/
 	$(PY) bench/overlap_speedup.py --workloads default --out bench/results/cpu_2core
 
-bench-remote: install  ## overlap with a reward served by another machine (~35 min on 2 cores): none|oppo x 3 service settings x 3 repeats, with intervals -> bench/results/cpu_2core_remote_reward/
+bench-remote: install  ## overlap with a reward served by another machine (~45 min on 2 cores): none|oppo x 3 service settings x 3 repeats, with intervals -> bench/results/cpu_2core_remote_reward/
 	$(PY) bench/remote_reward.py --repeats 3
 
 sweep: install  ## the speedup study as a Hydra sweep: overlap none|oppo x placement x seed 0|1 (8 MLflow runs)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from portable import code_commit, portable
+from portable import code_commit, cpu_name, portable
 
 REPO = Path(__file__).resolve().parents[1]
 # debug=fast's corpus, for the checkpoint builder (which has no debug group): the same
@@ -239,13 +239,6 @@ def main() -> None:
     path = out / f"full_size_{args.model}.json"
     path.write_text(portable(json.dumps(result, indent=1)))
     print(f"wrote {path}")
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ wrote them: a path inside the repository is written relative to it, one in the t
 folder under `<tmp>`. tests/bench/test_results_portable.py holds every committed result to it."""
 from __future__ import annotations
 
+import platform
 import subprocess
 import tempfile
 from pathlib import Path
@@ -26,3 +27,11 @@ def code_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() or None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (results compare only within one machine, so they name it)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()

@@ -49,6 +49,7 @@ from pathlib import Path
 from asr_grpo.overlap.cost_model import service_drain
 from asr_grpo.tracking.speedup_ci import format_speedup, speedup_ci
 from overlap_speedup import COMMON, compose_run, load_run, median, report
+from portable import code_commit, cpu_name
 
 REPO = Path(__file__).resolve().parents[1]
 JUDGE = REPO / "bench" / "judge_reward.py"
@@ -177,6 +178,8 @@ def analyse(name: str, setting: tuple, runs: dict[str, list[dict]], timelines: d
         "ideal_exposed_wait_s": median([exposed for tl in ideals for _, exposed in tl]),
         "finish_spread": finish_spread([r for tl in serial for r in tl]),
         "forecast": forecast,
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
+        "code_commit": code_commit(),
     })
     for mode, rows in base["modes"].items():
         measured = {m: [[r for r in tl if r["step"] + 1 > warmup] for tl in timelines[m]] for m in ("none", mode)}

@@ -78,7 +78,7 @@ def test_a_reward_services_wait_is_fitted_apart_and_hidden_by_streaming(tmp_path
     assert speedups[0.0] == pytest.approx({"intra": 1.0, "oppo": 1.0}, abs=0.02)
     for mode in ("intra", "oppo"):
         assert 1.0 < speedups[0.004][mode] < speedups[0.008][mode], speedups
-    # Not fed (`reward.remote.feed=false`, the default): every mode waits the serial wait.
+    # Not fed (`reward.remote.feed=false`): every mode waits the serial wait.
     _, unfed = forecast(forecast_cfg, uri, log_none_run(uri, 0.008, feed=False))
     assert unfed["intra"]["reward_wait_s"] == pytest.approx(unfed["none"]["reward_wait_s"], rel=1e-9)
 

@@ -57,18 +57,19 @@ def first_step(root, name: str, *overrides: str):
         recipe.cleanup()
 
 
-# Fed through chunks of 3, and from one decode call (the cost-model planner's first steps
-# are serial: the host sends what finished while the call runs); not fed by default.
-@pytest.mark.parametrize("plan, calls", [(("overlap.controller=fixed", "reward.remote.feed=true"), "several"),
+# Fed (the default) through chunks of 3, and from one decode call (the cost-model
+# planner's first steps are serial: the host sends what finished while the call runs);
+# and with the feed off.
+@pytest.mark.parametrize("plan, calls", [(("overlap.controller=fixed",), "several"),
                                          (("overlap.controller=cost_model", "reward.remote.feed=true",
                                            "reward.remote.feed_every_s=0.005"), "one"),
-                                         (("overlap.controller=fixed",), "not fed")])
+                                         (("overlap.controller=fixed", "reward.remote.feed=false"), "not fed")])
 def test_served_rewards_stream_during_the_rollout_with_the_serial_experience(root, reward_url, plan, calls):
     remote = f"reward.remote.urls=[{reward_url}]"
     _, before, s_items, serial = first_step(root, "serial", "overlap=none", remote)
     rollout, during, t_items, streamed = first_step(root, "streamed", "overlap=intra", remote, *plan)
     assert before == 0            # serially the service hears of nothing until the rollout is over
-    if calls == "not fed":        # the default: the whole batch after the rollout, in every mode
+    if calls == "not fed":        # the whole batch after the rollout, as in every other mode
         assert during == 0 and rollout.metrics["overlap/rewards_sent_during_decode"] == 0
     else:
         assert during > 0         # fed: requests went out while the actor decoded

@@ -415,9 +415,9 @@ class RemoteRewardConfig:
     backoff_s: float = 0.2        # first retry's mean wait; doubles each retry (full jitter)
     backoff_max_s: float = 10.0   # no retry waits longer (a 429's Retry-After is honoured up to this)
     # intra/oppo: send each sequence as it finishes, while the rollout decodes (off: the
-    # whole batch after the rollout). Off by default: on 2 CPU cores it measured no
-    # difference, the feed's own work slowing the decode it hides under (docs/overlap.md).
-    feed: bool = False
+    # whole batch after the rollout). With the service on another machine it hid 80% of
+    # what a perfect pipeline could on 2 CPU cores (docs/overlap.md#measured).
+    feed: bool = True
     # With `feed`: how often at most a decoding host sends what finished to a reward
     # worker (each goes out within about this of its last token).
     feed_every_s: float = 0.05

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from asr_grpo.rollout.types import SequenceResult
-
 
 def utterance_fields(utterance: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a corpus utterance a reward reads (small: it travels with every feed)."""
@@ -16,8 +14,9 @@ def utterance_fields(utterance: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def reward_request(responses: Sequence[str], utterances: Sequence[Mapping[str, Any]],
-                   seqs: Sequence[SequenceResult]) -> dict[str, list]:
-    """One row per sequence: its decoded text, its utterance's fields, its finish reason."""
+                   seqs: Sequence[Any]) -> dict[str, list]:
+    """One row per sequence: its decoded text, its utterance's fields, its finish reason
+    (`seqs`: what has a `uid` and a `finish_reason`, a rollout `SequenceResult`)."""
     utts = [utterance_fields(u) for u in utterances]
     return {"queries": list(responses), "prompts": [""] * len(seqs),   # the prompt is audio
             "labels": [u["text"] for u in utts], "responses": list(responses),

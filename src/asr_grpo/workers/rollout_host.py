@@ -5,6 +5,7 @@ from __future__ import annotations
 from asr_grpo.config.schema import AlgorithmConfig
 from asr_grpo.distributed.faults import RestartAware
 from asr_grpo.rollout import HFChunkedEngine, SamplingParams, SequenceResult
+from asr_grpo.rollout.feed import FeedSink
 from asr_grpo.rollout.host import EngineHost
 from asr_grpo.tracking import busy
 from asr_grpo.workers.threads import phase
@@ -31,7 +32,7 @@ class RolloutHost(RestartAware, EngineHost):
     @busy
     @phase("solo")
     def decode(self, max_tokens: int | None = None, stop_after_groups: int | None = None,
-               stop_check_every: int = 1, feed: bool = False) -> list[SequenceResult]:
+               stop_check_every: int = 1, feed: FeedSink | None = None) -> list[SequenceResult]:
         model = getattr(self.engine, "model", None)   # the HF engine's; vLLM has none here
         if model is not None:
             model.eval()
