@@ -208,7 +208,7 @@ def markdown(results: list[dict]) -> str:
         for mode, m in r["modes"].items():
             if mode == "none":
                 continue
-            share = f"{100 * m['share_of_ideal']:.0f}%" if m.get("share_of_ideal") is not None else "-"
+            share = f"{100 * m['share_of_ideal']:.1f}%" if m.get("share_of_ideal") is not None else "-"
             used = f"{'/'.join(str(int(c)) for c in m['chunks'])} / {'/'.join(str(int(d)) for d in m['deltas'])}"
             fc = (r.get("forecast") or {}).get(mode)
             paired = " (paired)" if m["step_speedup_ci"].get("method") == "paired" else ""
