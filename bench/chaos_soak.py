@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,6 +55,13 @@ def run_args(args, out: Path, tracking_uri: str, reward_url: str) -> list[str]:
             "logger.log_system_metrics=false", f"trainer.steps={args.steps}", "trainer.save_every=1",
             "trainer.keep_last=2", f"trainer.eval_every={args.steps}", f"seed={args.seed}",
             f"trainer.output_dir={out}"]
+
+
+def run_id(out: Path) -> str:
+    """The MLflow run a run folder's latest checkpoint belongs to."""
+    from asr_grpo.models import step_checkpoints as ckpt
+
+    return ckpt.read_driver_state(ckpt.latest_checkpoint(out))["mlflow_run_id"]
 
 
 def last_step(out: Path) -> int:
@@ -88,11 +96,12 @@ class Soak:
         self.judge = start_judge(0.0, 4, self.judge_port, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: answers(f"http://127.0.0.1:{self.judge_port}/health"), 120, "the reward server to answer")
 
-    def launch(self, out: Path, resume: bool) -> subprocess.Popen:
+    def launch(self, out: Path, resume: bool, *extra: str) -> subprocess.Popen:
         cmd = run_args(self.args, out, self.mlflow.uri, f"http://127.0.0.1:{self.judge_port}/score")
         self.starts += 1
         log = open(self.folder / f"run_{self.starts}.log", "w")
-        return subprocess.Popen(cmd + (["trainer.resume=true"] if resume else []), stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd + (["trainer.resume=true"] if resume else []) + list(extra),
+                                stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "RAY_ADDRESS": ""}, start_new_session=True)
 
     def inject(self, kind: str, driver: subprocess.Popen) -> str:
@@ -164,7 +173,7 @@ def compare(a: Path, b: Path, tracking_uri: str, steps: int) -> dict:
     from asr_grpo.models import step_checkpoints as ckpt
 
     client = mlflow.tracking.MlflowClient(tracking_uri)
-    ids = [ckpt.read_driver_state(ckpt.latest_checkpoint(p))["mlflow_run_id"] for p in (a, b)]
+    ids = [run_id(p) for p in (a, b)]
     out: dict = {"run_ids": ids, "metrics": {}}
     for key in COMPARED:
         points = [client.get_metric_history(i, key) for i in ids]
@@ -189,6 +198,8 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="scratch folder (default: <output-root>/bench/chaos_soak)")
     args = ap.parse_args()
     folder = Path(args.work or f"{args.output_root}/bench/chaos_soak")
+    for old in ("faulted", "clean", "mlflow"):   # scratch of an earlier soak: its checkpoints would mix in
+        shutil.rmtree(folder / old, ignore_errors=True)
     (folder / "mlflow").mkdir(parents=True, exist_ok=True)
     soak = Soak(args, folder)
     soak.mlflow.start()
@@ -198,7 +209,9 @@ def main() -> None:
         soak.faulted_run(folder / "faulted")
         faulted_s = time.monotonic() - t0
         t1 = time.monotonic()
-        clean = soak.launch(folder / "clean", resume=False)
+        # The cost-model planner plans from measured times, so a second run of the seed
+        # may plan another Δ; the fault-free run replays the faulted run's plans.
+        clean = soak.launch(folder / "clean", False, f"overlap.replay_plan={run_id(folder / 'faulted')}")
         if clean.wait() != 0:
             raise SystemExit(f"the fault-free run failed: see {folder}/run_{soak.starts}.log")
         clean_s = time.monotonic() - t1

@@ -90,3 +90,16 @@ def test_a_kill_between_the_two_renames_is_repaired(tmp_path):
     (tmp_path / "sft.old-42").mkdir()
     (tmp_path / "sft.old-42" / COMPLETE_MARKER).write_text('{"step": 1}')
     assert is_complete_checkpoint(sft) and checkpoint_metadata(sft) == {"step": 2}   # the newer copy
+
+
+def test_keep_last_never_deletes_the_checkpoint_just_made(tmp_path):
+    """A fresh run in a folder an earlier, longer run left checkpoints in: rotation keeps
+    the newest up to the step just saved, and leaves the later ones alone."""
+    out = tmp_path / "rl"
+    out.mkdir()
+    for step in (199, 200):   # the earlier run's
+        ckpt.commit(out, ckpt.staging_dir(out, step), step, {"step": step}, keep_last=2)
+    for step in (1, 2, 3):
+        made = ckpt.commit(out, ckpt.staging_dir(out, step), step, {"step": step}, keep_last=2)
+        assert ckpt.latest_checkpoint(out) == made   # the pointer names a whole checkpoint
+    assert sorted(p.name for p in out.glob("step_*")) == ["step_000002", "step_000003", "step_000199", "step_000200"]

@@ -37,7 +37,9 @@ def _aside(final: Path) -> Path:
 def commit(output_dir: str | Path, staging: Path, step: int, driver_state: dict, keep_last: int = 0) -> Path:
     """Write the driver state, fsync every file and folder, rename the staging folder
     into place, then move `latest`; with `keep_last` > 0, delete all but that many of
-    the newest step checkpoints (only after `latest` points at the new one)."""
+    the newest step checkpoints up to this one (only after `latest` points at the new
+    one). Later steps in the folder (an earlier run's, in a folder a fresh run reuses)
+    are left alone: counted among the newest, they would delete the checkpoint just made."""
     (staging / DRIVER_STATE).write_text(json.dumps(driver_state, indent=2, sort_keys=True))
     fsync_tree(staging)
     final = step_dir(output_dir, step)
@@ -56,7 +58,8 @@ def commit(output_dir: str | Path, staging: Path, step: int, driver_state: dict,
     if old.exists():
         shutil.rmtree(old)
     if keep_last > 0:
-        for stale in sorted(Path(output_dir).glob("step_*"))[:-keep_last]:
+        upto = [p for p in sorted(Path(output_dir).glob("step_*")) if p.name <= final.name]   # zero-padded
+        for stale in upto[:-keep_last]:
             shutil.rmtree(stale)
     return final
 
