@@ -209,9 +209,7 @@ def main() -> None:
         soak.faulted_run(folder / "faulted")
         faulted_s = time.monotonic() - t0
         t1 = time.monotonic()
-        # The cost-model planner plans from measured times, so a second run of the seed
-        # may plan another Δ; the fault-free run replays the faulted run's plans.
-        clean = soak.launch(folder / "clean", False, f"overlap.replay_plan={run_id(folder / 'faulted')}")
+        clean = soak.launch(folder / "clean", resume=False)
         if clean.wait() != 0:
             raise SystemExit(f"the fault-free run failed: see {folder}/run_{soak.starts}.log")
         clean_s = time.monotonic() - t1
