@@ -96,12 +96,11 @@ class Soak:
         self.judge = start_judge(0.0, 4, self.judge_port, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: answers(f"http://127.0.0.1:{self.judge_port}/health"), 120, "the reward server to answer")
 
-    def launch(self, out: Path, resume: bool, *extra: str) -> subprocess.Popen:
+    def launch(self, out: Path, resume: bool) -> subprocess.Popen:
         cmd = run_args(self.args, out, self.mlflow.uri, f"http://127.0.0.1:{self.judge_port}/score")
         self.starts += 1
         log = open(self.folder / f"run_{self.starts}.log", "w")
-        return subprocess.Popen(cmd + (["trainer.resume=true"] if resume else []) + list(extra),
-                                stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd + (["trainer.resume=true"] if resume else []), stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "RAY_ADDRESS": ""}, start_new_session=True)
 
     def inject(self, kind: str, driver: subprocess.Popen) -> str:

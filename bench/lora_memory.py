@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from portable import code_commit, portable
+from portable import code_commit, cpu_name, portable
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = {"full": 0}   # mode -> model.lora.rank (LoRA's rank comes from --rank)
@@ -177,9 +177,7 @@ def child_grpo(args, rank: int) -> dict:
 
 # ---------------------------------------------------------------------- report --
 def machine() -> dict:
-    name = next((line.split(":", 1)[1].strip() for line in subprocess.run(
-        ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name")), "unknown")
-    return {"cpu": name, "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+    return {"cpu": cpu_name(), "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
             "commit": code_commit()}
 
 

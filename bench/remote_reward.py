@@ -162,7 +162,8 @@ def finish_spread(records: list[dict]) -> dict:
 def analyse(name: str, setting: tuple, runs: dict[str, list[dict]], timelines: dict[str, list[list[dict]]],
             warmup: int, window: int, forecast: dict | None, cores: dict | None = None) -> dict:
     base = report(f"remote_reward/{name}", [*WORKLOAD], runs, window)
-    serial = [[r for r in tl if r["step"] + 1 > warmup] for tl in timelines["none"]]
+    measured = {m: [[r for r in tl if r["step"] + 1 > warmup] for tl in tls] for m, tls in timelines.items()}
+    serial = measured["none"]
     ideals = [[ideal_step(r, setting) for r in tl] for tl in serial]   # (ideal step, exposed wait)
     actual = [[r["perf/time/step"] for r in tl] for tl in serial]
     ideal_ci = speedup_ci(actual, [[step for step, _ in tl] for tl in ideals], paired=True)
@@ -182,10 +183,8 @@ def analyse(name: str, setting: tuple, runs: dict[str, list[dict]], timelines: d
         "code_commit": code_commit(),
     })
     for mode, rows in base["modes"].items():
-        measured = {m: [[r for r in tl if r["step"] + 1 > warmup] for tl in timelines[m]] for m in ("none", mode)}
-        paired = len(measured["none"]) == len(measured[mode]) and all(
-            same_work(a, b) for a, b in zip(measured["none"], measured[mode]))
-        mode_ci = speedup_ci([[r["perf/time/step"] for r in tl] for tl in measured["none"]],
+        paired = len(serial) == len(measured[mode]) and all(same_work(a, b) for a, b in zip(serial, measured[mode]))
+        mode_ci = speedup_ci(actual,
                              [[r["perf/time/step"] for r in tl] for tl in measured[mode]], paired=paired)
         rows["step_speedup_ci"] = mode_ci.to_dict()
         ideal_gain = ideal_ci.point - 1.0

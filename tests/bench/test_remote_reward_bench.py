@@ -130,3 +130,13 @@ def test_the_stand_in_service_runs_on_its_cores_and_answers_through_the_proxy():
     finally:
         bench.stop_service(procs)
     assert all(p.returncode is not None for p in procs)
+
+
+def test_steps_pair_only_where_both_runs_did_the_same_work():
+    bench = load_bench_script("remote_reward")
+    none = [{"overlap/rows_decoded": 300.0, "reward/total": 0.5}, {"overlap/rows_decoded": 280.0, "reward/total": 0.6}]
+    assert bench.same_work(none, [dict(r) for r in none])
+    assert not bench.same_work(none, [none[0], {**none[1], "reward/total": 0.61}])        # other tokens sampled
+    assert not bench.same_work(none, [none[0], {**none[1], "overlap/rows_decoded": 290.0}])
+    assert not bench.same_work(none, none[:1])                                            # a step short
+    assert not bench.same_work([{"reward/total": 0.5}], [{"reward/total": 0.5}])          # nothing to tell by
