@@ -298,6 +298,18 @@ def test_a_long_call_sends_to_the_reward_workers_while_it_runs(local_ray, groups
     assert sum(a["at"] < ended for a in answers) >= 10   # they arrived while the call ran
 
 
+def _wait_until_dead(handle, timeout_s=30.0):
+    """ray.kill is asynchronous: a call sent right after it may still be served, so ask until one fails."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(handle.take_fed.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the killed actor still answered after {timeout_s:.0f} s")
+
+
 @pytest.mark.slow
 def test_a_fed_call_lost_with_its_host_is_left_to_be_scored_again(local_ray, groups):
     from types import SimpleNamespace
@@ -324,7 +336,6 @@ def test_a_fed_call_lost_with_its_host_is_left_to_be_scored_again(local_ray, gro
     kept = maker._take_early(seqs[:2])            # collected while the host that made the calls lives
     assert sorted(kept) == ["u0", "u1"] and [kept[u].total.tolist() for u in ("u0", "u1")] == [[1.0], [1.0]]
     ray.kill(feeder.handles[0], no_restart=True)  # the calls' owner goes, and their results with it
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(feeder.handles[0].take_fed.remote(), timeout=30)
+    _wait_until_dead(feeder.handles[0])
     assert maker._take_early(seqs[2:]) == {}      # lost: left to be scored with the rest, no error
     assert maker._early == {} and maker._early_calls == {}
