@@ -1,5 +1,5 @@
 """What RL did to recognition, per run of an MLflow experiment: held-out CER (dev and
-the held-out-voice split, overall and per language) at step 0 and as the mean of the
+the held-out-voice split, overall and per language, and each held-out acoustic condition) at step 0 and as the mean of the
 last evaluations inside a time budget, their relative drops, and the reward's
 components (CER, keyword, language, smoothness) early and late, so a CER gain that
 comes with gamed keyword or smoothness scores shows.
@@ -27,6 +27,7 @@ EVAL_SETS = {"dev": "eval/cer", "heldout_voices": "eval/heldout_voices/cer"}
 # A run with trainer.ema_decay > 0 also evaluates its weight average: the same sets under ema/.
 EVAL_SETS.update({f"ema/{name}": key.replace("eval/", "eval/ema/", 1) for name, key in EVAL_SETS.items()})
 LANGUAGES = ("en", "zh")
+CONDITIONS_PREFIX = "eval/heldout_conditions/"   # eval/heldout_conditions/<name>/cer: overall only
 REWARDS = ("reward/total", "reward/cer", "reward/keyword", "reward/language", "reward/smoothness", "kl/policy_ref")
 # Per language: the CER reward, and the share of groups whose samples all scored the same
 # (no advantage, nothing learnt from that prompt).
@@ -49,6 +50,20 @@ def eval_summary(points: dict[int, float], minutes_at: dict[int, float], budget_
             "steps": tail, "minutes": [round(minutes_at[s], 1) for s in tail]}
 
 
+def eval_sets(metric_keys) -> dict[str, str]:
+    """EVAL_SETS, then each held-out acoustic condition the run logged (and its weight
+    average's, under ema/)."""
+    names = sorted({k[len(CONDITIONS_PREFIX):-len("/cer")] for k in metric_keys
+                    if k.startswith(CONDITIONS_PREFIX) and k.endswith("/cer") and k.count("/") == 3})
+    return {**EVAL_SETS, **{f"{ema}heldout_conditions/{n}": f"eval/{ema}heldout_conditions/{n}/cer"
+                            for ema in ("", "ema/") for n in names}}
+
+
+def _suffixes(name: str) -> tuple[str, ...]:
+    """Per-language columns for dev and the held-out voices; a condition overall only."""
+    return ("", *(f"/{lang}" for lang in LANGUAGES)) if name in EVAL_SETS else ("",)
+
+
 def run_quality(client: MlflowClient, run, budget_min: float, last: int, window: int,
                 max_step: int | None = None) -> dict:
     rid = run.info.run_id
@@ -59,8 +74,8 @@ def run_quality(client: MlflowClient, run, budget_min: float, last: int, window:
     row = {"run_id": rid, "run_name": portable(run.info.run_name), "overrides": portable(overrides),
            "seed": run.data.params.get("seed"),
            "steps": max(wall, default=0), "minutes": round(max(wall.values(), default=0) / 60, 1)}
-    for name, key in EVAL_SETS.items():
-        for suffix in ("", *(f"/{lang}" for lang in LANGUAGES)):
+    for name, key in eval_sets(run.data.metrics).items():
+        for suffix in _suffixes(name):
             points = history(client, rid, key + suffix)
             if points:
                 row[f"{name}{suffix}"] = eval_summary(points, minutes_at, budget_min, last, max_step)
@@ -98,8 +113,9 @@ def first_last_table(names: list[str], rows: list[dict], keys: tuple[str, ...]) 
 
 
 def table(rows: list[dict]) -> str:
-    cols = [f"{name}{suffix}" for name in EVAL_SETS for suffix in ("", *(f"/{lang}" for lang in LANGUAGES))
-            if any(f"{name}{suffix}" in r for r in rows)]
+    sets = list(EVAL_SETS) + sorted({k for r in rows for k in r if k.startswith(("heldout_conditions/",
+                                                                                   "ema/heldout_conditions/"))})
+    cols = [f"{name}{suffix}" for name in sets for suffix in _suffixes(name) if any(f"{name}{suffix}" in r for r in rows)]
     names = labels(rows)
     lines = ["| run | steps (min) | " + " | ".join(f"{c} CER: start -> end (drop)" for c in cols) + " |",
              "|" + " --- |" * (len(cols) + 2)]

@@ -1,9 +1,10 @@
 """Greedy transcription and held-out error rates (shared by SFT and RL evaluation).
 
-The evaluation sets are dev and, when there is one, the held-out-voice split: speakers
-no training split has. Their metrics share one dict, dev's keys as they always were
-(`cer`, `cer/en`, ...) and the held-out-voice split's under `heldout_voices/`, so that
-logged with the recipes' `eval/` prefix they read `eval/heldout_voices/cer/en`."""
+The evaluation sets are dev and, when there is one, the held-out-voice split (speakers
+no training split has) and that split under each held-out acoustic condition. Their
+metrics share one dict, dev's keys as they always were (`cer`, `cer/en`, ...), the others
+under their set's name, so that logged with the recipes' `eval/` prefix they read
+`eval/heldout_voices/cer/en` or `eval/heldout_conditions/phone/cer`."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -13,7 +14,10 @@ import torch
 from tqdm import tqdm
 
 from asr_grpo.data import AsrDataset, CorpusManifests
+from asr_grpo.data.conditions import SPLIT as CONDITIONS_SPLIT
+from asr_grpo.data.conditions import heldout_condition_manifests
 from asr_grpo.data.corpus import HELDOUT_SPLIT
+from asr_grpo.data.dataset import load_first
 from asr_grpo.models import decode_responses, encode_requests
 from asr_grpo.models.sequences import on_model_device
 from asr_grpo.rewards.text import error_rates_by_language
@@ -51,13 +55,6 @@ def transcribe(model, processor, audios: Sequence[np.ndarray], languages: Sequen
                                                  max_new_tokens, progress, do_sample=False)]
 
 
-def load_first(dataset, n: int) -> list[dict]:
-    """The first `n` utterances of `dataset` (all, if it has fewer) that load under the
-    bad-audio policy (`AsrDataset.load`; another dataset's items all count)."""
-    load = getattr(dataset, "load", dataset.__getitem__)
-    return [it for it in map(load, range(min(len(dataset), n))) if it is not None]
-
-
 def evaluate_dataset(model, processor, dataset, max_utterances: int | None = None,
                      batch_size: int = 32, max_new_tokens: int = 96) -> tuple[dict[str, float], list[dict]]:
     """CER/WER overall and per language on the first `max_utterances` of `dataset`."""
@@ -71,11 +68,16 @@ def evaluate_dataset(model, processor, dataset, max_utterances: int | None = Non
     return error_rates_by_language(hyps, refs, langs), rows
 
 
-def evaluation_sets(manifests: CorpusManifests, data_cfg) -> dict[str, AsrDataset]:
-    """Dev, then the held-out-voice split when the manifests have one."""
+def evaluation_sets(manifests: CorpusManifests, data_cfg, output_root) -> dict[str, AsrDataset]:
+    """Dev, then the held-out-voice split when the manifests have one, then that split under
+    each held-out condition (`heldout_conditions/<name>`, rendered on first use and cached
+    under `output_root`)."""
     sets = {"dev": AsrDataset(manifests.dev, data_cfg, split="dev")}
     if manifests.heldout_voices is not None:
         sets[HELDOUT_SPLIT] = AsrDataset(manifests.heldout_voices, data_cfg, split=HELDOUT_SPLIT)
+    for name, path in heldout_condition_manifests(manifests.heldout_voices, data_cfg, output_root).items():
+        split = f"{CONDITIONS_SPLIT}/{name}"
+        sets[split] = AsrDataset(path, data_cfg, split=split)
     return sets
 
 

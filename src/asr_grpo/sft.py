@@ -54,6 +54,10 @@ def main(cfg: DictConfig) -> None:
     print(f"{summary_line(dev)} | checkpoint {summary['checkpoint']}")
     if "heldout_voices/cer" in dev:   # speakers no training split has
         print(f"held-out-voice CER {dev['heldout_voices/cer']:.3f}")
+    conditions = {k.split("/")[1]: v for k, v in dev.items()
+                  if k.startswith("heldout_conditions/") and k.endswith("/cer") and k.count("/") == 2}
+    if conditions:   # those speakers in rooms, on phone lines, in noise
+        print("held-out-conditions CER " + ", ".join(f"{name} {cer:.3f}" for name, cer in conditions.items()))
 
 
 if __name__ == "__main__":

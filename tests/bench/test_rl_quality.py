@@ -40,7 +40,9 @@ def test_a_logged_run_reads_back_per_set_language_and_reward(tmp_path):
     for step in range(0, 101, 20):
         metrics += [Metric("eval/cer", 0.30 - step / 1000, 0, step),
                     Metric("eval/cer/zh", 0.40, 0, step),
-                    Metric("eval/heldout_voices/cer", 0.50 - step / 2000, 0, step)]
+                    Metric("eval/heldout_voices/cer", 0.50 - step / 2000, 0, step),
+                    Metric("eval/heldout_conditions/phone/cer", 0.60 - step / 1000, 0, step),
+                    Metric("eval/heldout_conditions/phone/cer/en", 0.9, 0, step)]
     client.log_batch(run.info.run_id, metrics=metrics)
     client.set_terminated(run.info.run_id)
     rows = [q.run_quality(client, r, budget_min=45.0, last=3, window=10)
@@ -51,6 +53,8 @@ def test_a_logged_run_reads_back_per_set_language_and_reward(tmp_path):
     assert row["dev"]["end"] == pytest.approx(0.24) and row["dev"]["drop"] == pytest.approx(0.2)
     assert row["dev/zh"]["drop"] == pytest.approx(0.0) and "dev/en" not in row
     assert row["heldout_voices"]["end"] == pytest.approx(0.47)
+    assert row["heldout_conditions/phone"]["end"] == pytest.approx(0.54)   # a condition: overall only
+    assert "heldout_conditions/phone/en" not in row and "ema/heldout_conditions/phone" not in row
     assert row["reward/keyword"] == {"first": 0.4, "last": 0.6}
     assert row["reward/total"]["first"] == pytest.approx(0.5055)   # steps 1-10
     assert row["reward/flat_groups/zh"] == {"first": 0.25, "last": 0.5} and "reward/cer/en" not in row
@@ -59,6 +63,7 @@ def test_a_logged_run_reads_back_per_set_language_and_reward(tmp_path):
     assert by_step["dev"]["steps"] == [20, 40] and by_step["reward/keyword"] == {"first": 0.4, "last": 0.4}
     table = q.table(rows)
     assert "30.0 -> 24.0% (+20.0%)" in table and "0.400 -> 0.600" in table
+    assert "heldout_conditions/phone CER: start -> end (drop)" in table and "60.0 -> 54.0% (+10.0%)" in table
     assert "reward/flat_groups/zh: first -> last" in table and "0.250 -> 0.500" in table
 
 

@@ -75,3 +75,33 @@ def test_perturb_batch_off_and_single_utterance_batches():
     assert alone[0] is batch[0]                                               # no other talker
     both = perturb_batch(batch, babble_only, np.random.default_rng(0))
     assert all(len(o) == len(a) and not np.array_equal(o, a) for o, a in zip(both, batch))
+
+
+def _marking_conditions():
+    """Two stand-in conditions that mark the audio they touch (plain objects with Condition's
+    `apply`), so the test reads which one an utterance got."""
+    class Mark:
+        def __init__(self, value):
+            self.value = value
+
+        def apply(self, audio, sample_rate, rng):
+            return np.full_like(audio, self.value)
+    return {"a": Mark(0.25), "b": Mark(0.75)}
+
+
+def test_conditions_are_drawn_with_their_probabilities_and_at_most_one_each():
+    from asr_grpo.data.augment import perturb
+    cfg = WaveAugmentConfig(speed_prob=0.0, babble_prob=0.0, conditions={"a": 0.2, "b": 0.3})
+    rng = np.random.default_rng(0)
+    got = [float(perturb(_tone(200, 0.01), [], cfg, rng, _marking_conditions())[0]) for _ in range(4000)]
+    share = {v: got.count(v) / len(got) for v in (0.25, 0.75)}
+    assert share[0.25] == pytest.approx(0.2, abs=0.03) and share[0.75] == pytest.approx(0.3, abs=0.03)
+    assert len(set(got)) == 3     # a, b, or the tone untouched
+
+
+def test_no_condition_draws_nothing_so_older_runs_draw_what_they_drew():
+    from asr_grpo.data.augment import pick_condition
+    rng, twin = np.random.default_rng(5), np.random.default_rng(5)
+    assert pick_condition(_marking_conditions(), {"a": 0.0}, rng) is None
+    assert pick_condition(_marking_conditions(), {}, rng) is None
+    assert rng.random() == twin.random()

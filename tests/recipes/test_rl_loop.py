@@ -169,16 +169,19 @@ def test_prompt_groups_stay_unique_when_the_prompt_set_wraps_inside_a_step(root)
     assert rebuilt.uid == groups[-1].uid and rebuilt.prompt_ids == groups[-1].prompt_ids
 
 
-def test_wave_augment_perturbs_each_group_once_and_a_rebuilt_group_the_same(root):
+@pytest.mark.parametrize("knobs", [("trainer.wave_augment.speed_prob=1", "trainer.wave_augment.babble_prob=1"),
+                                   ("trainer.wave_augment.conditions.phone=1",)], ids=["speed+babble", "phone line"])
+def test_wave_augment_perturbs_each_group_once_and_a_rebuilt_group_the_same(root, knobs):
     """trainer.wave_augment: the prompt audio a group is encoded from is perturbed (speed
-    and babble from other RL prompts), the same for the group when resume rebuilds it from
-    its uid, different for another draw of the same utterance; off, the stored audio."""
+    and babble from other RL prompts, or a named condition), the same for the group when
+    resume rebuilds it from its uid, different for another draw of the same utterance; off,
+    the stored audio."""
     def same(a, b) -> bool:
         return torch.equal(a.features.features, b.features.features) and torch.equal(a.features.mask, b.features.mask)
 
     plain = _prompt_recipe(root)
     clean = plain._new_groups(4, step=0)
-    recipe = _prompt_recipe(root, "trainer.wave_augment.speed_prob=1", "trainer.wave_augment.babble_prob=1")
+    recipe = _prompt_recipe(root, *knobs)
     groups = recipe._new_groups(4, step=0)
     assert [g.uid for g in groups] == [g.uid for g in clean]
     for g, c in zip(groups, clean):

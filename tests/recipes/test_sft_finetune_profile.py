@@ -114,3 +114,4 @@ def test_the_finetune_profile_differs_from_scratch_where_it_matters():
     assert tune.ctc_warmup_steps == 0 < scratch.ctc_warmup_steps
     assert tune.lr <= scratch.lr / 50 and not tune.train_audio_encoder and scratch.train_audio_encoder
     assert tune.wave_augment.speed_prob == tune.wave_augment.babble_prob == 0
+    assert not any(tune.wave_augment.conditions.values())   # no rooms, lines or noise either

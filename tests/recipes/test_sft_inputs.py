@@ -78,7 +78,7 @@ def test_spec_augment_reaches_the_sft_loss_only_when_enabled(root):
 
 def test_wave_augment_reaches_the_sft_loss_and_repeats_for_the_same_seed(root):
     plain = _sft_losses(root, *WAVE_OFF)
-    for knob in ("speed_prob=1", "babble_prob=1"):
+    for knob in ("speed_prob=1", "babble_prob=1", "conditions.phone=1"):
         perturbed = _sft_losses(root, *WAVE_OFF, f"sft.wave_augment.{knob}")
         assert perturbed[0] != perturbed[1]          # drawn anew every step
         assert all(p != plain[0] for p in perturbed), knob

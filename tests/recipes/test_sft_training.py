@@ -24,9 +24,10 @@ def test_short_sft_run_lowers_ctc_then_lm_loss(root):
     assert statistics.mean(lm[-5:]) < 0.9 * statistics.mean(lm[:5]), lm
 
 
-def test_evaluation_scores_dev_and_the_held_out_voice_split(root):
+def test_evaluation_scores_dev_the_held_out_voices_and_each_held_out_condition(root):
     """Dev's keys as ever, the held-out-voice split's under `heldout_voices/` (so logged as
-    eval/heldout_voices/cer), each on the same cap, each set's transcripts kept for save."""
+    eval/heldout_voices/cer) and each held-out condition's under `heldout_conditions/<name>/`,
+    each on the same cap, each set's transcripts kept for save."""
     from asr_grpo.recipes.sft import SFTRecipe
 
     recipe = SFTRecipe(compose_cfg(root))
@@ -37,8 +38,12 @@ def test_evaluation_scores_dev_and_the_held_out_voice_split(root):
     languages = {k.rsplit("/", 1)[1] for k in metrics if k.startswith("heldout_voices/cer/")}
     assert languages and languages <= {"en", "zh"}
     rows = recipe.last_eval_rows
-    assert sorted(rows) == ["dev", "heldout_voices"]
+    conditions = [f"heldout_conditions/{c}" for c in ("noise", "phone", "room")]
+    assert sorted(rows) == ["dev", *conditions, "heldout_voices"]
     assert all(r["id"].startswith("heldout_voices-") for r in rows["heldout_voices"])
+    for name in conditions:   # the held-out voices' first utterances, under the condition
+        assert metrics[f"{name}/n"] == 3 and 0 <= metrics[f"{name}/cer"]
+        assert [r["ref"] for r in rows[name]] == [r["ref"] for r in rows["heldout_voices"]]
 
 
 def test_a_bfloat16_model_trains_in_fp32_with_bf16_compute(root):

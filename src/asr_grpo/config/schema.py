@@ -7,6 +7,7 @@ time, naming the key.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional
@@ -47,6 +48,9 @@ RewardTrend = _choice("RewardTrend", "rising flat")
 RunDevice = _choice("RunDevice", "auto cpu gpu")
 ModelInit = _choice("ModelInit", "pretrained random")
 SFTProfile = _choice("SFTProfile", "scratch finetune")
+ChannelKind = _choice("ChannelKind", "none telephone")
+Companding = _choice("Companding", "mulaw alaw")
+NoiseKind = _choice("NoiseKind", "white pink brown hum")
 
 
 @dataclass
@@ -92,6 +96,64 @@ class CorpusConfig:
 
 
 @dataclass
+class RoomConfig:
+    """A reverberant room (data/acoustics.py): a shoebox of a size drawn in `size_m`, the
+    talker `distance_m` from the microphone, the reverberation time drawn in `rt60_s`.
+    `rooms` such rooms are drawn once from the condition's seed; each utterance hears one."""
+    rt60_s: list[list[float]] = field(default_factory=list)   # [low, high] ranges, s; empty: no room
+    size_m: list[list[float]] = field(default_factory=lambda: [[3.0, 8.0], [3.0, 7.0], [2.5, 3.5]])
+    distance_m: list[float] = field(default_factory=lambda: [0.5, 3.0])
+    rooms: int = 32
+
+
+@dataclass
+class NoiseConfig:
+    """Additive noise of a kind drawn from `kinds` (white, pink, brown, hum) at an SNR drawn
+    in `snr_db` (one of its [low, high] ranges, in proportion to their widths)."""
+    kinds: list[NoiseKind] = field(default_factory=list)   # empty: no noise
+    snr_db: list[list[float]] = field(default_factory=lambda: [[10.0, 20.0]])
+
+
+@dataclass
+class ChannelConfig:
+    """A telephone line: 8 kHz, band-passed to `band_hz`, G.711-companded (`companding`)."""
+    kind: ChannelKind = ChannelKind.none
+    band_hz: list[float] = field(default_factory=lambda: [300.0, 3400.0])
+    companding: Companding = Companding.mulaw
+
+
+@dataclass
+class ConditionConfig:
+    """One named acoustic condition: room, then noise, then channel (each optional)."""
+    room: RoomConfig = field(default_factory=RoomConfig)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
+    channel: ChannelConfig = field(default_factory=ChannelConfig)
+
+
+def _condition(rt60=(), kinds=(), snr=((10.0, 20.0),), channel="none", band=(300.0, 3400.0),
+               law="mulaw", distance=(0.5, 3.0)) -> ConditionConfig:
+    return ConditionConfig(RoomConfig(rt60_s=[list(r) for r in rt60], distance_m=list(distance)),
+                           NoiseConfig(kinds=[NoiseKind(k) for k in kinds], snr_db=[list(r) for r in snr]),
+                           ChannelConfig(ChannelKind(channel), list(band), Companding(law)))
+
+
+# The conditions training draws (augmentation) and the held-out ones evaluation uses: the
+# held-out RT60s, SNRs and line (A-law, a narrower band) lie inside the trained envelope but
+# are values no training condition draws, and the held-out rooms are other rooms.
+TRAIN_CONDITIONS = {
+    "room": _condition(rt60=((0.2, 0.45), (0.65, 1.0))),
+    "phone": _condition(kinds=("white", "pink"), snr=((15.0, 20.0), (25.0, 35.0)), channel="telephone"),
+    "noise": _condition(kinds=("white", "pink", "brown", "hum"), snr=((0.0, 5.0), (10.0, 20.0))),
+}
+HELDOUT_CONDITIONS = {
+    "room": _condition(rt60=((0.45, 0.65),), distance=(1.0, 3.0)),
+    "phone": _condition(kinds=("pink", "hum"), snr=((20.0, 25.0),), channel="telephone",
+                        band=(350.0, 3200.0), law="alaw"),
+    "noise": _condition(kinds=("white", "pink", "brown", "hum"), snr=((5.0, 10.0),)),
+}
+
+
+@dataclass
 class DataConfig:
     # Manifests (JSON lines: id, audio, text, language, keywords, duration). When left
     # empty, the embedded corpus is synthesized (cached by a content hash) and used.
@@ -107,6 +169,15 @@ class DataConfig:
     # manifests, train_manifest).
     rl_manifest: str = ""
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    # Named acoustic conditions (docs/configuration.md#rooms-channels-and-noise): those augmentation
+    # draws from (sft.wave_augment.conditions, trainer.wave_augment.conditions), and those
+    # evaluated on the first `num_heldout_conditions` held-out-voice utterances, each logged as
+    # eval/heldout_conditions/<name>/* ({} or 0: none).
+    train_conditions: dict[str, ConditionConfig] = field(default_factory=lambda: copy.deepcopy(TRAIN_CONDITIONS))
+    heldout_conditions: dict[str, ConditionConfig] = field(default_factory=lambda: copy.deepcopy(HELDOUT_CONDITIONS))
+    num_heldout_conditions: int = 100
+    # Seed of the condition's rooms and of each held-out utterance's draws.
+    conditions_seed: int = 0
     sample_rate: int = 16000
     # Longer audio is rejected as absurd. With the embedded corpus' long-form on, the
     # limit is raised to corpus.longform_max_s: audio asked for is not absurd.
@@ -200,6 +271,9 @@ class WaveAugmentConfig:
     babble_talkers: int = 3        # 1..this many talkers under one utterance
     babble_snr_db_min: float = 10.0
     babble_snr_db_max: float = 25.0
+    # Probability of each named condition of data.train_conditions (at most one an utterance,
+    # so they sum to at most 1), after speed and babble: room, noise, line.
+    conditions: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -231,7 +305,8 @@ class SFTConfig:
     input_token_dropout: float = 0.0
     train_audio_encoder: bool = True   # false: the encoder frozen (adapter and LM train)
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
-    wave_augment: WaveAugmentConfig = field(default_factory=WaveAugmentConfig)
+    wave_augment: WaveAugmentConfig = field(
+        default_factory=lambda: WaveAugmentConfig(conditions={"room": 0.0, "phone": 0.0, "noise": 0.0}))
     shortest_first_epoch: bool = True   # SortaGrad: the first epoch in increasing length
     eval_every_steps: int = 0
     eval_max_utterances: int = 100
@@ -497,8 +572,8 @@ class TrainerConfig:
     stop_grace_s: float = 20.0
     # RL prompts' audio perturbed once a group (all its samples hear the same audio) from a seed
     # of the run's seed and the prompt's draw, so a resumed run hears what the uninterrupted one did
-    wave_augment: WaveAugmentConfig = field(default_factory=lambda: WaveAugmentConfig(speed_prob=0.0,
-                                                                                      babble_prob=0.0))
+    wave_augment: WaveAugmentConfig = field(default_factory=lambda: WaveAugmentConfig(
+        speed_prob=0.0, babble_prob=0.0, conditions={"room": 0.0, "phone": 0.0, "noise": 0.0}))
 
 
 @dataclass

@@ -109,6 +109,13 @@ def config_problems(cfg: Any) -> list[str]:
     _check_lora(cfg.model, tr, need)
     for group in ("sft", "trainer"):
         _check_wave_augment(cfg[group].wave_augment, f"{group}.wave_augment", need)
+        _check_condition_probs(cfg[group].wave_augment.conditions, cfg.data.train_conditions,
+                               f"{group}.wave_augment.conditions", need)
+    for kind in ("train", "heldout"):
+        for name, condition in cfg.data[f"{kind}_conditions"].items():
+            _check_condition(condition, f"data.{kind}_conditions.{name}", need)
+    need(cfg.data.num_heldout_conditions >= 0,
+         f"data.num_heldout_conditions={cfg.data.num_heldout_conditions}: must be >= 0 (0: no held-out conditions)")
     _check_sft_warmup(cfg.sft, need)
     if (problem := reward_file_problem(cfg.reward)) is not None:
         problems.append(problem)
@@ -298,6 +305,40 @@ def _check_lora(model: Any, tr: Any, need) -> None:
     need(model.freeze_audio_encoder or bool(lora.encoder_target_modules),
          f"model.freeze_audio_encoder=false with model.lora.rank={lora.rank}: LoRA freezes every base weight, the "
          "encoder's too; adapt it with model.lora.encoder_target_modules=[q_proj, k_proj, v_proj, out_proj, fc1, fc2]")
+
+
+def _ranges_ok(ranges: Any, low: float, high: float) -> bool:
+    """Each [a, b] of `ranges` a pair with low <= a <= b <= high, and at least one."""
+    return len(ranges) > 0 and all(len(r) == 2 and low <= r[0] <= r[1] <= high for r in ranges)
+
+
+def _check_condition(c: Any, key: str, need) -> None:
+    room = c.room
+    if room.rt60_s:
+        need(_ranges_ok(room.rt60_s, 0.1, 3.0),
+             f"{key}.room.rt60_s={list(room.rt60_s)}: need [low, high] ranges with 0.1 <= low <= high <= 3 s")
+        need(len(room.size_m) == 3 and _ranges_ok(room.size_m, 1.5, 50.0),
+             f"{key}.room.size_m={list(room.size_m)}: need three [low, high] ranges (length, width, height) "
+             f"of 1.5 to 50 m")
+        need(len(room.distance_m) == 2 and 0.1 <= room.distance_m[0] <= room.distance_m[1],
+             f"{key}.room.distance_m={list(room.distance_m)}: need [low, high] with 0.1 <= low <= high m")
+        need(room.rooms >= 1, f"{key}.room.rooms={room.rooms}: must be >= 1")
+    if c.noise.kinds:
+        need(_ranges_ok(c.noise.snr_db, -20.0, 80.0),
+             f"{key}.noise.snr_db={list(c.noise.snr_db)}: need [low, high] ranges with -20 <= low <= high <= 80 dB")
+    if c.channel.kind != "none":
+        band = list(c.channel.band_hz)
+        need(len(band) == 2 and 0 < band[0] < band[1] < 4000,
+             f"{key}.channel.band_hz={band}: need [low, high] with 0 < low < high < 4000 Hz (the line samples at 8 kHz)")
+
+
+def _check_condition_probs(probs: Any, known: Any, key: str, need) -> None:
+    for name, p in probs.items():
+        need(name in known, f"{key}.{name}: no such condition in data.train_conditions "
+                            f"(known: {', '.join(known) or 'none'})")
+        need(0 <= p <= 1, f"{key}.{name}={p}: must be in [0, 1]")
+    need(sum(probs.values()) <= 1 + 1e-9,
+         f"{key}: probabilities sum to {sum(probs.values()):g}; at most one condition an utterance, so at most 1")
 
 
 def _check_wave_augment(wa: Any, key: str, need) -> None:

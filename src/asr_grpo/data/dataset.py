@@ -101,6 +101,13 @@ class AsrDataset(Dataset):
             return None
 
 
+def load_first(dataset, n: int) -> list[dict]:
+    """The first `n` utterances of `dataset` (all, if it has fewer) that load under the
+    bad-audio policy (`AsrDataset.load`; another dataset's items all count)."""
+    load = getattr(dataset, "load", dataset.__getitem__)
+    return [it for it in map(load, range(min(len(dataset), n))) if it is not None]
+
+
 def skipped_lines(datasets) -> int:
     """Bad lines the datasets skipped so far (`data/skipped`: train and every eval set)."""
     return sum(len(d.skipped) for d in datasets)

@@ -25,14 +25,16 @@ from asr_grpo.config.errors import DiskFull, first_line
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.config.validate import validate_config
 from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
-from asr_grpo.data.augment import perturb
+from asr_grpo.data.augment import perturb, used_conditions
+from asr_grpo.data.conditions import train_conditions
+from asr_grpo.data.dataset import load_first
 from asr_grpo.distributed.faults import TrainerDied, is_actor_death, restart_options, trainer_died_message
 from asr_grpo.distributed.net import free_port
 from asr_grpo.distributed.placement import create_placement_group, plan_placement, role_counts
 from asr_grpo.distributed.ray_cluster import shutdown_ray, start_ray
 from asr_grpo.distributed.reward_feed import RewardFeed
 from asr_grpo.distributed.role_group import RoleGroup
-from asr_grpo.evaluation import evaluation_sets, load_first, metrics_of_sets
+from asr_grpo.evaluation import evaluation_sets, metrics_of_sets
 from asr_grpo.experience.maker import ExperienceMaker, samples_trained_per_prompt, split_even
 from asr_grpo.experience.prompts import PromptSampler, build_group
 from asr_grpo.experience.sync_check import check_sequences, check_weight_sync
@@ -90,6 +92,8 @@ class RLRecipe:
         self.weights_version = 0   # the policy version the rollout engines hold
         self.group_lengths: dict[int, list[list[int]]] = {}   # step -> trained groups' response lengths
         self.plans: dict[int, dict] = {}   # step (0-based, the scheduler's) -> its `plan_record`
+        # RL on degraded audio (trainer.wave_augment.conditions): their rooms, drawn once
+        self.conditions = train_conditions(cfg.data, used_conditions(cfg.trainer.wave_augment))
 
     # ---- setup ---------------------------------------------------------------------------
     def setup(self) -> None:
@@ -110,7 +114,8 @@ class RLRecipe:
         manifests = resolve_manifests(cfg.data, cfg.paths.output_root)
         self.train_set = AsrDataset(manifests.rl_prompts, cfg.data,   # the prompts RL trains on
                                     split="rl" if manifests.rl is not None else "train")
-        self.eval_sets = evaluation_sets(manifests, cfg.data)   # dev (+ held-out voices)
+        # dev (+ held-out voices, + each held-out condition)
+        self.eval_sets = evaluation_sets(manifests, cfg.data, cfg.paths.output_root)
         self.dev_set = self.eval_sets["dev"]
         cfg.model.path = prepare_start_checkpoint(cfg)   # what every role loads
         if use_lm:
@@ -302,7 +307,7 @@ class RLRecipe:
         group. Seeded by the group's uid, babble drawn from the RL prompts: a group rebuilt
         on resume hears what it heard in the uninterrupted run."""
         wave = self.cfg.trainer.wave_augment
-        if wave.speed_prob == 0 and wave.babble_prob == 0:
+        if wave.speed_prob == 0 and wave.babble_prob == 0 and not self.conditions:
             return item
         rng = np.random.default_rng([self.cfg.seed, zlib.crc32(uid.encode())])
         others = []
@@ -311,7 +316,7 @@ class RLRecipe:
                                replace=False)
             loaded = (self.train_set.load(int(j + (j >= index))) for j in picks)   # any prompt but this one
             others = [o["audio"] for o in loaded if o is not None]
-        return {**item, "audio": perturb(item["audio"], others, wave, rng)}
+        return {**item, "audio": perturb(item["audio"], others, wave, rng, self.conditions, self.cfg.data.sample_rate)}
 
     def _new_groups(self, k: int, step: int) -> list:
         """k prompt groups; with data.on_bad_audio=skip an utterance whose audio fails to

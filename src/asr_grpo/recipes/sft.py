@@ -17,7 +17,8 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 from asr_grpo.config.errors import ConfigError
 from asr_grpo.config.schema import RunConfig
 from asr_grpo.data import AsrDataset, resolve_manifests, skipped_lines
-from asr_grpo.data.augment import perturb_batch, spec_augment
+from asr_grpo.data.augment import perturb_batch, spec_augment, used_conditions
+from asr_grpo.data.conditions import train_conditions
 from asr_grpo.data.manifest import manifest_digest
 from asr_grpo.distributed.deepspeed_strategy import trained_precision
 from asr_grpo.evaluation import evaluate_dataset, evaluation_sets, metrics_of_sets
@@ -89,7 +90,8 @@ class SFTRecipe:
             raise ConfigError(problem)
         manifests = resolve_manifests(cfg.data, self.output_root)
         self.train_set = AsrDataset(manifests.train, cfg.data, split="train")
-        self.eval_sets = evaluation_sets(manifests, cfg.data)   # dev (+ held-out voices)
+        # dev (+ held-out voices, + each held-out condition)
+        self.eval_sets = evaluation_sets(manifests, cfg.data, self.output_root)
         self.dev_set = self.eval_sets["dev"]
         # model.dtype=bfloat16 trains as RL does: fp32 weights and optimizer, bf16 compute.
         weights_dtype, self.bf16_compute = trained_precision(cfg.model.dtype)
@@ -122,6 +124,7 @@ class SFTRecipe:
         self.token_rng = torch.Generator().manual_seed(cfg.sft.seed)
         self.augment_rng = torch.Generator().manual_seed(cfg.sft.seed + 1)
         self.wave_rng = np.random.default_rng([cfg.sft.seed, 2])
+        self.conditions = train_conditions(cfg.data, used_conditions(cfg.sft.wave_augment))
         log.info("model parameters: %s", self.counts)
 
     def _item(self, i: int) -> dict | None:
@@ -133,7 +136,8 @@ class SFTRecipe:
 
     # ---- one step ------------------------------------------------------------------------
     def _loss(self, items: list[dict], ctc_only: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-        audios = perturb_batch([it["audio"] for it in items], self.cfg.sft.wave_augment, self.wave_rng)
+        audios = perturb_batch([it["audio"] for it in items], self.cfg.sft.wave_augment, self.wave_rng,
+                               self.conditions, self.cfg.data.sample_rate)
         batch = encode_supervised(self.processor, audios,
                                   [it["language"] for it in items], [it["text"] for it in items])
         # the model's compute only: the processor's feature extraction stays fp32 (numpy)
@@ -234,7 +238,7 @@ class SFTRecipe:
         # With LoRA: the merged weights (RL and from_pretrained load them) and the adapter.
         path = save_model_checkpoint(self.model, self.processor, self.cfg.sft.output_dir, meta, peft_model=self.lora)
         for name, rows in self.last_eval_rows.items():   # dev_transcripts.jsonl, ...
-            (path / f"{name}_transcripts.jsonl").write_text(
+            (path / f"{name.replace('/', '_')}_transcripts.jsonl").write_text(
                 "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         return path
 
