@@ -113,8 +113,8 @@ def first_last_table(names: list[str], rows: list[dict], keys: tuple[str, ...]) 
 
 
 def table(rows: list[dict]) -> str:
-    sets = list(EVAL_SETS) + sorted({k for r in rows for k in r if k.startswith(("heldout_conditions/",
-                                                                                   "ema/heldout_conditions/"))})
+    conditions = {k for r in rows for k in r if k.startswith(("heldout_conditions/", "ema/heldout_conditions/"))}
+    sets = list(EVAL_SETS) + sorted(conditions, key=lambda k: (k.startswith("ema/"), k))   # the policy's first
     cols = [f"{name}{suffix}" for name in sets for suffix in _suffixes(name) if any(f"{name}{suffix}" in r for r in rows)]
     names = labels(rows)
     lines = ["| run | steps (min) | " + " | ".join(f"{c} CER: start -> end (drop)" for c in cols) + " |",
