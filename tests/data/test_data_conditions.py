@@ -197,3 +197,12 @@ def test_evaluation_sets_add_each_held_out_condition(voices_manifest, tmp_path):
     assert [len(s) for s in sets.values()] == [4, 4, 2, 2, 2]
     metrics = metrics_of_sets(lambda name, ds: {"cer": float(len(ds))}, sets)
     assert metrics["heldout_conditions/phone/cer"] == 2.0 and metrics["cer"] == 4.0
+
+
+def test_a_room_that_cannot_be_built_is_one_config_line():
+    from asr_grpo.config.errors import ConfigError
+    cfg = small_condition()
+    cfg.heldout_conditions.room.room.size_m = [[40.0, 40.0], [40.0, 40.0], [20.0, 20.0]]   # a hall
+    cfg.heldout_conditions.room.room.rt60_s = [[0.1, 0.1]]                                  # too dry for it
+    with pytest.raises(ConfigError, match=r"^data\.heldout_conditions\.room\.room: "):
+        build_condition("room", cfg.heldout_conditions.room, 0, HELDOUT, SR)

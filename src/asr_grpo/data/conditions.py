@@ -31,6 +31,7 @@ import numpy as np
 import soundfile as sf
 from omegaconf import OmegaConf
 
+from asr_grpo.config.errors import ConfigError
 from asr_grpo.data import acoustics
 from asr_grpo.data.dataset import AsrDataset, load_first
 
@@ -82,9 +83,12 @@ def _build(name: str, spec_json: str, seed: int, role: str, sample_rate: int) ->
     rirs: tuple[np.ndarray, ...] = ()
     if room["rt60_s"]:
         rng = np.random.default_rng(_seed(seed, role, name))
-        rirs = tuple(acoustics.impulse_response(
-            acoustics.draw_room(rng, room["size_m"], room["distance_m"], room["rt60_s"]), sample_rate, rng)
-            for _ in range(int(room["rooms"])))
+        try:
+            rirs = tuple(acoustics.impulse_response(
+                acoustics.draw_room(rng, room["size_m"], room["distance_m"], room["rt60_s"]), sample_rate, rng)
+                for _ in range(int(room["rooms"])))
+        except ValueError as exc:   # no placement fits, or walls cannot absorb enough for so short an RT60
+            raise ConfigError(f"data.{role}_conditions.{name}.room: {exc}") from None
     return Condition(name, rirs, tuple(noise["kinds"]), tuple(tuple(r) for r in noise["snr_db"]),
                      str(channel["kind"]), tuple(channel["band_hz"]), str(channel["companding"]))
 
