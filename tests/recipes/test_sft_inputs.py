@@ -83,3 +83,22 @@ def test_wave_augment_reaches_the_sft_loss_and_repeats_for_the_same_seed(root):
         assert perturbed[0] != perturbed[1]          # drawn anew every step
         assert all(p != plain[0] for p in perturbed), knob
         assert _sft_losses(root, *WAVE_OFF, f"sft.wave_augment.{knob}") == perturbed   # seeded
+
+
+def test_conditions_start_at_sft_conditions_from_step(root):
+    """Before sft.conditions_from_step the loss is the clean loss (no condition drawn),
+    from that step on the condition reaches it."""
+    from helpers import compose_cfg
+
+    from asr_grpo.recipes.sft import SFTRecipe
+
+    plain = _sft_losses(root, *WAVE_OFF)
+    recipe = SFTRecipe(compose_cfg(root, *WAVE_OFF, "sft.wave_augment.conditions.phone=1",
+                                   "sft.conditions_from_step=3"))
+    recipe.setup()
+    items = [recipe._item(i) for i in range(4)]
+    with torch.no_grad():
+        before = [recipe._loss(items, step=s)[0].item() for s in (0, 2)]
+        after = recipe._loss(items, step=3)[0].item()
+    assert before == [plain[0], plain[0]]
+    assert after != plain[0]

@@ -307,6 +307,9 @@ class SFTConfig:
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     wave_augment: WaveAugmentConfig = field(
         default_factory=lambda: WaveAugmentConfig(conditions={"room": 0.0, "phone": 0.0, "noise": 0.0}))
+    # The first N steps hear no wave_augment.conditions: the model learns to read clean
+    # speech before rooms, lines and noise are mixed in (0: from the first step).
+    conditions_from_step: int = 0
     shortest_first_epoch: bool = True   # SortaGrad: the first epoch in increasing length
     eval_every_steps: int = 0
     eval_max_utterances: int = 100

@@ -117,6 +117,7 @@ def config_problems(cfg: Any) -> list[str]:
     need(cfg.data.num_heldout_conditions >= 0,
          f"data.num_heldout_conditions={cfg.data.num_heldout_conditions}: must be >= 0 (0: no held-out conditions)")
     _check_sft_warmup(cfg.sft, need)
+    _check_conditions_from_step(cfg.sft, need)
     if (problem := reward_file_problem(cfg.reward)) is not None:
         problems.append(problem)
     _check_remote_reward(cfg.reward, need)
@@ -284,6 +285,16 @@ def _check_sft_warmup(sft: Any, need) -> None:
     if str(sft.profile) == "finetune":
         need(warmup == 0, f"sft.ctc_warmup_steps={warmup} with sft=finetune: a CTC warm-up through a fresh CTC "
                           f"head retrains the audio path of a trained model; set sft.ctc_warmup_steps=0")
+
+
+def _check_conditions_from_step(sft: Any, need) -> None:
+    """sft.conditions_from_step: a step the run reaches, when there are conditions to draw."""
+    start = sft.conditions_from_step
+    need(start >= 0, f"sft.conditions_from_step={start}: must be >= 0 (0: from the first step)")
+    if any(p > 0 for p in sft.wave_augment.conditions.values()):
+        need(start < sft.max_steps,
+             f"sft.conditions_from_step={start} is not below sft.max_steps={sft.max_steps}: "
+             f"sft.wave_augment.conditions would never be drawn")
 
 
 def _check_lora(model: Any, tr: Any, need) -> None:

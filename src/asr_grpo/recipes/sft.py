@@ -135,9 +135,15 @@ class SFTRecipe:
         return self._audio_cache[i]
 
     # ---- one step ------------------------------------------------------------------------
-    def _loss(self, items: list[dict], ctc_only: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+    def _conditions_at(self, step: int) -> dict:
+        """The acoustic conditions step `step` may draw: none before sft.conditions_from_step."""
+        return self.conditions if step >= self.cfg.sft.conditions_from_step else {}
+
+    def _loss(self, items: list[dict], ctc_only: bool = False,
+              step: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        conditions = self.conditions if step is None else self._conditions_at(step)
         audios = perturb_batch([it["audio"] for it in items], self.cfg.sft.wave_augment, self.wave_rng,
-                               self.conditions, self.cfg.data.sample_rate)
+                               conditions, self.cfg.data.sample_rate)
         batch = encode_supervised(self.processor, audios,
                                   [it["language"] for it in items], [it["text"] for it in items])
         # the model's compute only: the processor's feature extraction stays fp32 (numpy)
@@ -183,7 +189,7 @@ class SFTRecipe:
                 items = [it for it in map(self._item, idx) if it is not None]
                 if not items:
                     continue
-                loss, metrics = self._loss(items, ctc_only=step < cfg.ctc_warmup_steps)
+                loss, metrics = self._loss(items, ctc_only=step < cfg.ctc_warmup_steps, step=step)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
