@@ -5,11 +5,16 @@ components (CER, keyword, language, smoothness) early and late, so a CER gain th
 comes with gamed keyword or smoothness scores shows.
 
     python bench/rl_quality.py --experiment NAME [--minutes 45] [--max-step N] [--last 3]
-                               [--out quality.json] [--keep quality.json]
+                               [--out quality.json] [--keep quality.json] [--also RUN_ID ...]
+                               [--plot cer_minutes.png]
 
 Prints a markdown table; --out also writes the figures as JSON. --keep carries the runs
 of an earlier quality.json that this tracking store does not hold (seeds run on another
-machine or from a store since cleared) into the table, same budget and window required.
+machine or from a store since cleared) into the table, same budget and window required;
+--also adds runs of other experiments in the same store by id (a baseline run once).
+--plot draws CER against minutes per eval set: each variant (runs that differ only in
+their seed) as the mean over its seeds and, for several seeds, the band from the lowest
+to the highest.
 --max-step reads every run at the same steps instead (runs on machines of different speed
 reach different steps in the same minutes).
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from asr_grpo.tracking.runs import experiment_runs, history, mean
@@ -50,6 +56,13 @@ def eval_summary(points: dict[int, float], minutes_at: dict[int, float], budget_
             "steps": tail, "minutes": [round(minutes_at[s], 1) for s in tail]}
 
 
+def curve(points: dict[int, float], minutes_at: dict[int, float], budget_min: float,
+          max_step: int | None = None) -> dict[str, list]:
+    """A set's CER at every evaluation inside the budget, with its step and minute (for plots)."""
+    steps = [s for s in sorted(points) if inside_budget(s, minutes_at, budget_min, max_step)]
+    return {"steps": steps, "minutes": [round(minutes_at[s], 2) for s in steps], "cer": [points[s] for s in steps]}
+
+
 def eval_sets(metric_keys) -> dict[str, str]:
     """EVAL_SETS, then each held-out acoustic condition the run logged (and its weight
     average's, under ema/)."""
@@ -79,6 +92,8 @@ def run_quality(client: MlflowClient, run, budget_min: float, last: int, window:
             points = history(client, rid, key + suffix)
             if points:
                 row[f"{name}{suffix}"] = eval_summary(points, minutes_at, budget_min, last, max_step)
+                if not suffix:
+                    row.setdefault("curves", {})[name] = curve(points, minutes_at, budget_min, max_step)
     for key in REWARDS + LANGUAGE_REWARDS:
         values = history(client, rid, key)
         steps = sorted(s for s in values if inside_budget(s, minutes_at, budget_min, max_step))
@@ -96,12 +111,22 @@ def labels(rows: list[dict]) -> list[str]:
     """Each run's Hydra overrides (comma-separated) without the overrides every
     run shares, or for a lone run without the harness' own: what tells the runs apart
     ("defaults" for a run with none of its own)."""
-    parts = [r["overrides"].split(",") for r in rows]
+    # The MLflow experiment's name never changes what a run trains (runs added with --also differ in it).
+    parts = [[p for p in r["overrides"].split(",") if not p.startswith("logger.experiment_name=")] for r in rows]
     common = (set.intersection(*map(set, parts)) if len(parts) > 1
               else {p for ps in parts for p in ps if p.split("=", 1)[0] in HARNESS_OVERRIDES})
     names = [",".join(p for p in ps if p not in common) or "defaults" for ps in parts]
     # Runs with the same overrides (a seed rerun from another checkpoint or code): their ids tell them apart.
     return [f"{n} (run {r['run_id'][:8]})" if names.count(n) > 1 else n for n, r in zip(names, rows)]
+
+
+def variants(rows: list[dict]) -> dict[str, list[dict]]:
+    """The runs grouped by their label without the seed: one variant, its seeds."""
+    groups: dict[str, list[dict]] = {}
+    for name, row in zip(labels(rows), rows):
+        variant = ",".join(p for p in name.split(",") if not p.startswith("seed=")) or "defaults"
+        groups.setdefault(variant, []).append(row)
+    return groups
 
 
 def first_last_table(names: list[str], rows: list[dict], keys: tuple[str, ...]) -> list[str]:
@@ -141,6 +166,16 @@ def kept_rows(path: str, rows: list[dict], minutes: float, last: int, max_step: 
     return [r for r in earlier["runs"] if r["run_id"] not in have]
 
 
+def added_runs(client: MlflowClient, run_ids: list[str]) -> list:
+    runs = []
+    for rid in run_ids:
+        try:
+            runs.append(client.get_run(rid))
+        except MlflowException as exc:
+            raise SystemExit(f"rl_quality: --also {rid}: {exc.message}") from None
+    return runs
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", required=True)
@@ -151,12 +186,16 @@ def main() -> None:
     p.add_argument("--window", type=int, default=50, help="steps averaged for the early and late rewards")
     p.add_argument("--out", default="")
     p.add_argument("--keep", default="", help="an earlier quality.json whose runs stay in the table")
+    p.add_argument("--also", action="append", default=[], metavar="RUN_ID",
+                   help="a run of another experiment in this store to add (e.g. a baseline); repeatable")
+    p.add_argument("--plot", default="", help="a PNG of CER against minutes, each variant's mean and spread over seeds")
     args = p.parse_args()
     client = MlflowClient(tracking_uri=args.tracking_uri)
     try:
         runs = experiment_runs(client, args.experiment)
     except ValueError as exc:
         raise SystemExit(f"rl_quality: {exc}") from None
+    runs = added_runs(client, args.also) + list(runs)
     rows = [run_quality(client, r, args.minutes, args.last, args.window, args.max_step)
             for r in runs if "perf/wall_clock" in r.data.metrics]
     if args.keep:
@@ -165,6 +204,9 @@ def main() -> None:
         with open(args.out, "w") as f:
             f.write(json.dumps({"minutes": args.minutes, "max_step": args.max_step, "last": args.last,
                                 "runs": rows}, indent=1) + "\n")
+    if args.plot:
+        from asr_grpo.tracking.plots import cer_over_minutes
+        cer_over_minutes(variants([r for r in rows if "curves" in r]), args.plot)
     print(table(rows))
 
 

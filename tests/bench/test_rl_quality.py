@@ -92,3 +92,43 @@ def test_kept_runs_join_the_table_once_and_only_if_measured_the_same_way(tmp_pat
         q.kept_rows(str(earlier), [], 21.0, 3)
     with pytest.raises(SystemExit, match="not 45.0, 3 and 650"):   # read at other steps
         q.kept_rows(str(earlier), [], 45.0, 3, max_step=650)
+
+
+def test_each_set_keeps_its_curve_inside_the_budget(tmp_path):
+    q = load_rl_quality()
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("curves", artifact_location=str(tmp_path / "artifacts"))
+    run = client.create_run(experiment, run_name="seed0")
+    metrics = [Metric("perf/wall_clock", step * 60.0, 0, step) for step in range(1, 61)]   # a minute a step
+    metrics += [Metric("eval/cer", 0.30 - step / 1000, 0, step) for step in range(0, 61, 20)]
+    metrics += [Metric("eval/cer/en", 0.2, 0, step) for step in range(0, 61, 20)]
+    client.log_batch(run.info.run_id, metrics=metrics)
+    (row,) = [q.run_quality(client, r, budget_min=45.0, last=3, window=10) for r in client.search_runs([experiment])]
+    assert row["curves"] == {"dev": {"steps": [0, 20, 40], "minutes": [0.0, 20.0, 40.0],
+                                     "cer": pytest.approx([0.30, 0.28, 0.26])}}   # step 60 is at 60 min
+    with pytest.raises(SystemExit, match="--also 0123"):
+        q.added_runs(client, ["0123"])
+
+
+def test_runs_that_differ_only_in_seed_are_one_variant():
+    q = load_rl_quality()
+    rows = [{"overrides": "experiment=grpo_45min,logger.experiment_name=a,seed=0", "run_id": "r0"},
+            {"overrides": "experiment=grpo_45min,logger.experiment_name=b,seed=0,algorithm=mwer", "run_id": "r1"},
+            {"overrides": "experiment=grpo_45min,logger.experiment_name=b,seed=1", "run_id": "r2"}]
+    groups = q.variants(rows)
+    assert {k: [r["run_id"] for r in v] for k, v in groups.items()} == {"defaults": ["r0", "r2"], "algorithm=mwer": ["r1"]}
+    # the experiment's name alone tells no runs apart
+    assert q.labels(rows[:1] + [{**rows[0], "overrides": rows[0]["overrides"].replace("=a", "=b")}])[0] == "defaults (run r0)"
+
+
+def test_the_plot_shows_the_mean_and_spread_over_the_seeds_every_seed_reached(tmp_path):
+    from asr_grpo.tracking.plots import cer_over_minutes, seed_band
+    a = {"steps": [0, 50, 100], "minutes": [0.0, 4.0, 8.0], "cer": [0.30, 0.28, 0.26]}
+    b = {"steps": [0, 50], "minutes": [0.0, 6.0], "cer": [0.30, 0.24]}
+    band = seed_band([a, b])
+    assert band["steps"] == [0, 50] and band["minutes"] == [0.0, 5.0]
+    assert band["mean"] == pytest.approx([30.0, 26.0]) and band["low"] == pytest.approx([30.0, 24.0])
+    assert band["high"] == pytest.approx([30.0, 28.0])
+    path = cer_over_minutes({"defaults": [{"curves": {"dev": a}}, {"curves": {"dev": b}}],
+                             "algorithm=mwer": [{"curves": {"dev": a, "heldout_voices": b}}]}, tmp_path / "cer.png")
+    assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"

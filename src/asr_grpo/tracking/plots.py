@@ -3,6 +3,7 @@ configuration, one line style per seed. Drawn on `matplotlib.figure.Figure` obje
 no display and no global pyplot state are involved."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -139,6 +140,49 @@ def staleness(report: dict, path: Path) -> Path:
     ax.set(xlabel="staleness (policy versions)", ylabel="share of trained sequences", ylim=(0, 1.05),
            title="Staleness histogram (overlap/staleness_count)")
     return _save(fig, path)
+
+
+def seed_band(curves: list[dict[str, list]]) -> dict[str, list[float]]:
+    """Several seeds' curves (``steps``, ``minutes``, ``cer``) at the steps all of them
+    reached: the mean minute, and the mean, lowest and highest CER in percent."""
+    steps = sorted(set.intersection(*(set(c["steps"]) for c in curves)))
+    at = [{s: (m, v) for s, m, v in zip(c["steps"], c["minutes"], c["cer"])} for c in curves]
+    cer = [[100 * a[s][1] for a in at] for s in steps]
+    return {"steps": steps, "minutes": [sum(a[s][0] for a in at) / len(at) for s in steps],
+            "mean": [sum(v) / len(v) for v in cer], "low": [min(v) for v in cer], "high": [max(v) for v in cer]}
+
+
+def cer_over_minutes(variants: dict[str, list[dict]], path: Path | str) -> Path:
+    """Held-out CER against minutes, one panel per eval set (bench/rl_quality.py's rows, each
+    with ``curves``): a variant's mean over its seeds at the evaluations every seed reached,
+    at their mean minute, and for several seeds the band from the lowest to the highest."""
+    sets = sorted({name for rows in variants.values() for r in rows for name in r["curves"]},
+                  key=lambda n: (n.startswith("ema/"), "conditions" in n, n))
+    cols = min(3, max(1, len(sets)))
+    nrows = -(-len(sets) // cols) if sets else 1
+    legend_in = 0.3 + 0.35 * len(variants)   # below the panels: override lists are long
+    fig = Figure(figsize=(5 * cols, 3.6 * nrows + legend_in))
+    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+    for ax, name in zip(axes, sets):
+        for i, (variant, rows) in enumerate(variants.items()):
+            seeds = [r["curves"][name] for r in rows if name in r["curves"]]
+            if not seeds:
+                continue
+            band = seed_band(seeds)
+            ax.plot(band["minutes"], band["mean"], marker=".", color=f"C{i % 10}",
+                    label=textwrap.fill(f"{variant} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})", 120))
+            if len(seeds) > 1:
+                ax.fill_between(band["minutes"], band["low"], band["high"], color=f"C{i % 10}", alpha=0.2)
+        ax.set(title=name, xlabel="minutes", ylabel="CER (%)")
+        ax.grid(alpha=0.3)
+    for ax in axes[len(sets):]:
+        ax.set_visible(False)
+    fig.suptitle("Held-out CER against wall-clock minutes: mean over seeds, band lowest-highest")
+    if sets:
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", fontsize=8)
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
+    fig.savefig(path, dpi=110)
+    return Path(path)
 
 
 PLOTS = {"curves.png": curves, "step_latency.png": step_latency, "utilization.png": utilization,
