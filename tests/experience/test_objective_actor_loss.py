@@ -70,3 +70,20 @@ def test_dynamic_sampling_judges_the_spread_of_the_score_the_advantages_read(com
                           components={"cer": torch.tensor([0.7, 0.7, 0.2, 0.6])})
     maker._score_rewards = lambda *args: reward
     assert maker.judge_groups(groups, results) == flat
+
+
+def test_the_logged_entropy_is_per_token_whatever_the_aggregation(tiny_model, tiny_processor, tiny_tokenizer):
+    from asr_grpo.algorithms import entropy_from_logits
+    from asr_grpo.experience.losses import pack_items
+    from asr_grpo.models.sequences import response_logits
+
+    items, _ = on_policy_items(tiny_model, tiny_processor, tiny_tokenizer, [0.5, -1.0])
+    batch = pack_items(items, tiny_tokenizer.pad_token_id)
+    with torch.no_grad():
+        h = entropy_from_logits(response_logits(tiny_model, batch).float())
+    mask = batch.response_mask.bool()
+    per_token = float(h[mask].mean())
+    for agg in ("token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum"):
+        algo = AlgorithmConfig(kl_coef=0.0, temperature=1.0, loss_agg=agg)
+        _, metrics = actor_loss(tiny_model, items, algo, tiny_tokenizer.pad_token_id)
+        assert float(metrics["policy/entropy"]) == pytest.approx(per_token, rel=1e-5), agg

@@ -15,6 +15,7 @@ from asr_grpo.algorithms import (
     explained_variance,
     kl_penalty,
     logprobs_from_logits,
+    masked_mean,
     policy_loss_needs,
     truncated_importance_weights,
     value_loss,
@@ -69,10 +70,12 @@ def actor_loss(model, items: Sequence[ExperienceItem], algo: AlgorithmConfig,
         kl_loss = aggregate(kl, mask, algo)
         loss = loss + algo.kl_coef * kl_loss
         metrics["kl/loss"] = kl_loss.detach()
-    entropy = aggregate(entropy_from_logits(logits.detach() if algo.entropy_coef == 0 else logits), mask, algo)
+    token_entropy = entropy_from_logits(logits.detach() if algo.entropy_coef == 0 else logits)
     if algo.entropy_coef:
-        loss = loss - algo.entropy_coef * entropy
-    metrics["policy/entropy"] = entropy.detach()
+        loss = loss - algo.entropy_coef * aggregate(token_entropy, mask, algo)
+    # Logged per token whatever loss_agg is (a token sum over max_new_tokens is no entropy),
+    # so runs of different objectives compare.
+    metrics["policy/entropy"] = masked_mean(token_entropy.detach(), mask)
     metrics["loss/actor_total"] = loss.detach()
     return loss, metrics
 
