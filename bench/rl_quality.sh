@@ -11,7 +11,8 @@
 #   KEEP=OUT_DIR/quality.json bash bench/rl_quality.sh OUT_DIR 1   # add a seed to a table whose runs
 #                                                    # this MLflow store no longer holds
 #
-# OUT_DIR gets quality.md and quality.json. About 45 minutes a seed on 2 CPU cores.
+# OUT_DIR gets quality.md, quality.json and cer_minutes.png (CER against minutes, mean and
+# spread over seeds). About 45 minutes a seed on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -26,5 +27,6 @@ for seed in "${SEEDS[@]}"; do
       "logger.experiment_name=$EXPERIMENT" "${EXTRA[@]}"
 done
 mkdir -p "$OUT"
-"$PY" bench/rl_quality.py --experiment "$EXPERIMENT" --out "$OUT/quality.json" ${KEEP:+--keep "$KEEP"} > "$OUT/quality.md"
+"$PY" bench/rl_quality.py --experiment "$EXPERIMENT" --out "$OUT/quality.json" --plot "$OUT/cer_minutes.png" \
+    ${KEEP:+--keep "$KEEP"} > "$OUT/quality.md"
 cat "$OUT/quality.md"
