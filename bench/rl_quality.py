@@ -44,11 +44,17 @@ def inside_budget(step: int, minutes_at: dict[int, float], budget_min: float, ma
     return minutes_at.get(step, float("inf")) <= budget_min and (max_step is None or step <= max_step)
 
 
+def steps_inside(points: dict[int, float], minutes_at: dict[int, float], budget_min: float,
+                 max_step: int | None) -> list[int]:
+    """The logged steps of `points` inside the budget, in order."""
+    return [s for s in sorted(points) if inside_budget(s, minutes_at, budget_min, max_step)]
+
+
 def eval_summary(points: dict[int, float], minutes_at: dict[int, float], budget_min: float, last: int,
                  max_step: int | None = None) -> dict:
     """CER at step 0, the mean of the last `last` evaluations after it inside the budget
     (minutes, and steps when max_step is given), and the relative drop (positive: better)."""
-    inside = [s for s in sorted(points) if s > 0 and inside_budget(s, minutes_at, budget_min, max_step)]
+    inside = [s for s in steps_inside(points, minutes_at, budget_min, max_step) if s > 0]
     start = points.get(0, float("nan"))
     tail = inside[-last:]
     end = mean(points[s] for s in tail)
@@ -59,7 +65,7 @@ def eval_summary(points: dict[int, float], minutes_at: dict[int, float], budget_
 def curve(points: dict[int, float], minutes_at: dict[int, float], budget_min: float,
           max_step: int | None = None) -> dict[str, list]:
     """A set's CER at every evaluation inside the budget, with its step and minute (for plots)."""
-    steps = [s for s in sorted(points) if inside_budget(s, minutes_at, budget_min, max_step)]
+    steps = steps_inside(points, minutes_at, budget_min, max_step)
     return {"steps": steps, "minutes": [round(minutes_at[s], 2) for s in steps], "cer": [points[s] for s in steps]}
 
 
@@ -96,7 +102,7 @@ def run_quality(client: MlflowClient, run, budget_min: float, last: int, window:
                     row.setdefault("curves", {})[name] = curve(points, minutes_at, budget_min, max_step)
     for key in REWARDS + LANGUAGE_REWARDS:
         values = history(client, rid, key)
-        steps = sorted(s for s in values if inside_budget(s, minutes_at, budget_min, max_step))
+        steps = steps_inside(values, minutes_at, budget_min, max_step)
         if steps:
             row[key] = {"first": mean(values[s] for s in steps[:window]),
                         "last": mean(values[s] for s in steps[-window:])}

@@ -22,8 +22,9 @@ def _style(report: dict, run: dict) -> dict:
             "label": f"{run['label']} seed={run['seed']}"}
 
 
-def _save(fig: Figure, path: Path) -> Path:
-    fig.tight_layout()
+def _save(fig: Figure, path: Path, bottom: float = 0.0) -> Path:
+    """Lay out the panels above `bottom` (a fraction of the figure kept for a legend) and write the PNG."""
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(path, dpi=110)
     return path
 
@@ -180,9 +181,7 @@ def cer_over_minutes(variants: dict[str, list[dict]], path: Path | str) -> Path:
     fig.suptitle("Held-out CER against wall-clock minutes: mean over seeds, band lowest-highest")
     if sets:
         fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", fontsize=8)
-    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
-    fig.savefig(path, dpi=110)
-    return Path(path)
+    return _save(fig, Path(path), bottom=legend_in / fig.get_figheight())
 
 
 PLOTS = {"curves.png": curves, "step_latency.png": step_latency, "utilization.png": utilization,
