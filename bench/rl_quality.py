@@ -6,7 +6,7 @@ comes with gamed keyword or smoothness scores shows.
 
     python bench/rl_quality.py --experiment NAME [--minutes 45] [--max-step N] [--last 3]
                                [--out quality.json] [--keep quality.json] [--also RUN_ID ...]
-                               [--plot cer_minutes.png]
+                               [--plot cer_minutes.png] [--versus defaults]
 
 Prints a markdown table; --out also writes the figures as JSON. --keep carries the runs
 of an earlier quality.json that this tracking store does not hold (seeds run on another
@@ -17,6 +17,8 @@ their seed) as the mean over its seeds and, for several seeds, the band from the
 to the highest.
 --max-step reads every run at the same steps instead (runs on machines of different speed
 reach different steps in the same minutes).
+--versus VARIANT adds a table of each other variant against that one, seed by seed from the
+same checkpoint, with the adoption rule's verdict (bench/rl_pairs.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from mlflow.tracking import MlflowClient
 
 from asr_grpo.tracking.runs import experiment_runs, history, mean
 from portable import portable
+from rl_pairs import paired_table
 
 EVAL_SETS = {"dev": "eval/cer", "heldout_voices": "eval/heldout_voices/cer"}
 # A run with trainer.ema_decay > 0 also evaluates its weight average: the same sets under ema/.
@@ -195,6 +198,8 @@ def main() -> None:
     p.add_argument("--also", action="append", default=[], metavar="RUN_ID",
                    help="a run of another experiment in this store to add (e.g. a baseline); repeatable")
     p.add_argument("--plot", default="", help="a PNG of CER against minutes, each variant's mean and spread over seeds")
+    p.add_argument("--versus", default="", metavar="VARIANT",
+                   help="pair every other variant with this one (e.g. defaults), seed by seed from the same checkpoint")
     args = p.parse_args()
     client = MlflowClient(tracking_uri=args.tracking_uri)
     try:
@@ -214,6 +219,8 @@ def main() -> None:
         from asr_grpo.tracking.plots import cer_over_minutes
         cer_over_minutes(variants([r for r in rows if "curves" in r]), args.plot)
     print(table(rows))
+    if args.versus:
+        print("\n" + paired_table(variants(rows), args.versus))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from asr_grpo.config import register_configs
 from asr_grpo.config.errors import one_line_errors
 from asr_grpo.config.store import CONF_DIR
 from asr_grpo.config.validate import validate_config
-from asr_grpo.recipes.sft_start import starts_trained
+from asr_grpo.recipes.sft_start import holds_trained_output, starts_trained
 
 log = logging.getLogger(__name__)
 register_configs()
@@ -21,10 +21,13 @@ register_configs()
 
 def with_fitting_profile(cfg: DictConfig) -> DictConfig:
     """A trained `model.path` with the SFT profile left at its default (from scratch):
-    the config composed again with `sft=finetune`, the user's overrides on top. A profile
-    named on the command line stays (the recipe refuses one that does not fit)."""
+    the config composed again with `sft=finetune`, the user's overrides on top. SFT's own
+    output folder holding a trained checkpoint counts as such a start (not as a folder to
+    build again over it). A profile named on the command line stays (the recipe refuses
+    one that does not fit)."""
     overrides = list(HydraConfig.get().overrides.task)
-    if any(o.split("=", 1)[0].lstrip("+~") == "sft" for o in overrides) or not starts_trained(cfg):
+    named = any(o.split("=", 1)[0].lstrip("+~") == "sft" for o in overrides)
+    if named or not (starts_trained(cfg) or holds_trained_output(cfg)):
         return cfg
     if str(cfg.sft.profile) != "scratch":   # an experiment chose one
         return cfg

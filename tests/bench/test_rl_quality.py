@@ -132,3 +132,42 @@ def test_the_plot_shows_the_mean_and_spread_over_the_seeds_every_seed_reached(tm
     path = cer_over_minutes({"defaults": [{"curves": {"dev": a}}, {"curves": {"dev": b}}],
                              "algorithm=mwer": [{"curves": {"dev": a, "heldout_voices": b}}]}, tmp_path / "cer.png")
     assert path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def _run(seed: int, start: float, **drops: float) -> dict:
+    """A quality row: its seed, and each set's start CER and relative drop."""
+    return {"seed": str(seed), **{name.replace("__", "/"): {"start": start, "drop": d} for name, d in drops.items()}}
+
+
+def test_a_variant_pairs_with_the_baselines_run_of_the_same_seed_and_checkpoint():
+    pairs = load_bench_script("rl_pairs")
+    base = [_run(0, 0.251, dev=0.044), _run(1, 0.285, dev=0.050)]
+    dr = [_run(0, 0.251, dev=0.070), _run(1, 0.285, dev=0.040),
+          _run(2, 0.285, dev=0.090)]   # seed 2: the baseline has no run of it
+    other_checkpoint = _run(0, 0.300, dev=0.2)   # seed 0, but from another SFT checkpoint
+    matched = pairs.pairs({"defaults": base, "dr": dr + [other_checkpoint]}, "defaults")["dr"]
+    assert [(b["seed"], r["dev"]["drop"]) for b, r in matched] == [("0", 0.070), ("1", 0.040)]
+    assert [pairs.gain(b, r, "dev") for b, r in matched] == pytest.approx([2.6, -1.0])
+    assert pairs.gain(base[0], dr[0], "ema/dev") is None   # a set one of them lacks
+    with pytest.raises(SystemExit, match="no variant 'grpo'"):
+        pairs.pairs({"defaults": base}, "grpo")
+
+
+def test_the_adoption_rule_needs_three_seeds_a_mean_ahead_and_no_seed_far_behind():
+    verdict = load_bench_script("rl_pairs").verdict
+    assert verdict([3.0, 2.0], [4.0, 5.0]) == "2 of 3 seeds"
+    assert verdict([1.0, -1.5, 0.2], [4.0, 5.0, 6.0]) == "not ahead"   # mean -0.1
+    assert verdict([4.0, 2.0, -2.5], [4.0, 5.0, 6.0]).startswith("ahead on the mean, one seed behind")   # spread 2
+    assert verdict([4.0, 2.0, -1.5], [4.0, 5.0, 6.0]) == "adopt"
+
+
+def test_the_paired_table_shows_each_seeds_gain_and_the_mean():
+    pairs = load_bench_script("rl_pairs")
+    groups = {"defaults": [_run(0, 0.25, dev=0.04, ema__dev=0.05), _run(1, 0.28, dev=0.06, ema__dev=0.06)],
+              "dr": [_run(0, 0.25, dev=0.07, ema__dev=0.05), _run(1, 0.28, dev=0.05, ema__dev=0.08)],
+              "mwer": [_run(5, 0.25, dev=0.01)]}
+    lines = pairs.paired_table(groups, "defaults", sets=("dev", "ema/dev")).splitlines()
+    assert lines[2] == "| dr | 0 | 25.0% | +3.0 | +0.0 |"
+    assert lines[3] == "| dr | 1 | 28.0% | -1.0 | +2.0 |"
+    assert lines[4] == "| dr: mean of 2 seeds (2 of 3 seeds) | | | +1.0 | +1.0 |"
+    assert lines[5].startswith("| mwer: no run of a seed and checkpoint defaults has")

@@ -79,6 +79,35 @@ def test_the_scratch_recipe_named_for_a_trained_start_is_refused_naming_both(roo
     assert "use sft=finetune" in message and not (tmp_path / "mlflow.db").exists()
 
 
+def test_sfts_own_output_folder_named_as_the_start_is_fine_tuned_not_built_over(reading_start, tmp_path,
+                                                                                  monkeypatch, capsys):
+    import shutil
+
+    plain, data = reading_start
+    own = tmp_path / "checkpoints" / "sft-tiny"   # sft=default's output folder under this output root
+    shutil.copytree(plain, own)
+    weights = (own / "model.safetensors").read_bytes()
+    call_main("asr_grpo.sft", [f"paths.output_root={tmp_path}", f"model.path={own}", *data, "sft.max_steps=2",
+                               "sft.max_new_tokens=48"], monkeypatch)
+    printed = capsys.readouterr().out
+    assert "before fine-tuning: dev CER" in printed, printed   # a fine-tune, not a build from scratch
+    assert json.loads((tmp_path / "checkpoints" / "sft-finetune" / "checkpoint_complete.json").read_text())["steps"] == 2
+    assert (own / "model.safetensors").read_bytes() == weights
+
+
+def test_a_fine_tune_that_would_write_over_its_start_is_refused(reading_start, tmp_path, monkeypatch):
+    import shutil
+
+    plain, data = reading_start
+    own = tmp_path / "mine"
+    shutil.copytree(plain, own)
+    with pytest.raises(SystemExit) as exited:
+        call_main("asr_grpo.sft", [f"paths.output_root={tmp_path}", f"model.path={own}", f"sft.output_dir={own}",
+                                   *data], monkeypatch)
+    assert f"model.path={own} is also sft.output_dir: the fine-tune would write over" in exited.value.code
+    assert sorted(p.name for p in own.iterdir()) == sorted(p.name for p in plain.iterdir())
+
+
 def test_the_finetune_profile_on_fresh_weights_is_refused(root):
     from asr_grpo.config.errors import ConfigError
     from asr_grpo.recipes.sft import SFTRecipe

@@ -30,13 +30,13 @@ def check_model_path(cfg) -> None:
         raise ConfigError(f"model.path={cfg.model.path!r}: {problem}")
 
 
-def starts_trained(cfg) -> bool:
-    """SFT starts from trained weights: any checkpoint that loads but `model.init=random`'s
-    fresh ones (a folder of this project's marks them; a foreign folder or hub id counts
-    as trained). One that cannot load is `check_model_path`'s to report."""
+def loads_trained_weights(cfg) -> bool:
+    """`model.path` loads, and not as `model.init=random`'s fresh weights (a folder of this
+    project's marks them; a foreign folder or hub id counts as trained). One that cannot
+    load is `check_model_path`'s to report."""
     from asr_grpo.models import checkpoint_metadata, checkpoint_problem, is_complete_checkpoint
 
-    if not starts_from_checkpoint(cfg) or checkpoint_problem(cfg.model.path) is not None:
+    if checkpoint_problem(cfg.model.path) is not None:
         return False
     path = Path(cfg.model.path)
     if path.is_dir() and is_complete_checkpoint(path):
@@ -44,9 +44,25 @@ def starts_trained(cfg) -> bool:
     return True
 
 
+def starts_trained(cfg) -> bool:
+    """SFT starts from trained weights: a `model.path` other than its own output folder
+    that loads trained weights."""
+    return starts_from_checkpoint(cfg) and loads_trained_weights(cfg)
+
+
+def holds_trained_output(cfg) -> bool:
+    """`model.path` is SFT's own output folder and trained weights are already there.
+    Named on SFT's command line that is a checkpoint to fine-tune: building it again
+    from scratch would write fresh weights over it."""
+    return is_sft_output(cfg) and cfg.model.init == "pretrained" and loads_trained_weights(cfg)
+
+
 def profile_problem(cfg) -> str | None:
     """Why `cfg.sft`'s profile does not fit where SFT starts (None: it fits)."""
     sft, trained = cfg.sft, starts_trained(cfg)
+    if str(sft.profile) == "finetune" and holds_trained_output(cfg):
+        return (f"model.path={cfg.model.path} is also sft.output_dir: the fine-tune would write over the "
+                f"checkpoint it starts from; give sft.output_dir=<another folder>")
     if trained and str(sft.profile) == "scratch":
         return (f"model.path={cfg.model.path} is a trained checkpoint, but sft=default is the recipe for fresh "
                 f"weights ({sft.ctc_warmup_steps}-step CTC warm-up through a fresh CTC head, lr {sft.lr:g}, "
