@@ -10,7 +10,7 @@ step-0 dev CER* compares like with like, so seeds run in different sessions stil
 """
 from __future__ import annotations
 
-from statistics import mean
+from asr_grpo.tracking.runs import mean
 
 SETS = ("dev", "ema/dev", "heldout_voices", "ema/heldout_voices")   # the policy, then its weight average
 SEEDS_TO_ADOPT = 3

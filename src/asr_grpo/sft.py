@@ -13,7 +13,7 @@ from asr_grpo.config import register_configs
 from asr_grpo.config.errors import one_line_errors
 from asr_grpo.config.store import CONF_DIR
 from asr_grpo.config.validate import validate_config
-from asr_grpo.recipes.sft_start import holds_trained_output, starts_trained
+from asr_grpo.recipes.sft_start import names_trained_weights
 
 log = logging.getLogger(__name__)
 register_configs()
@@ -27,7 +27,7 @@ def with_fitting_profile(cfg: DictConfig) -> DictConfig:
     one that does not fit)."""
     overrides = list(HydraConfig.get().overrides.task)
     named = any(o.split("=", 1)[0].lstrip("+~") == "sft" for o in overrides)
-    if named or not (starts_trained(cfg) or holds_trained_output(cfg)):
+    if named or not names_trained_weights(cfg):
         return cfg
     if str(cfg.sft.profile) != "scratch":   # an experiment chose one
         return cfg

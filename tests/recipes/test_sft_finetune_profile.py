@@ -103,7 +103,7 @@ def test_a_fine_tune_that_would_write_over_its_start_is_refused(reading_start, t
     shutil.copytree(plain, own)
     with pytest.raises(SystemExit) as exited:
         call_main("asr_grpo.sft", [f"paths.output_root={tmp_path}", f"model.path={own}", f"sft.output_dir={own}",
-                                   *data], monkeypatch)
+                                   *data, "sft.max_steps=2"], monkeypatch)
     assert f"model.path={own} is also sft.output_dir: the fine-tune would write over" in exited.value.code
     assert sorted(p.name for p in own.iterdir()) == sorted(p.name for p in plain.iterdir())
 

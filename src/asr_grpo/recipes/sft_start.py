@@ -44,6 +44,12 @@ def loads_trained_weights(cfg) -> bool:
     return True
 
 
+def names_trained_weights(cfg) -> bool:
+    """`model.path` names trained weights, SFT's own output folder included (where a
+    trained checkpoint there is one to fine-tune, not one to build again over it)."""
+    return bool(cfg.model.path) and cfg.model.init == "pretrained" and loads_trained_weights(cfg)
+
+
 def starts_trained(cfg) -> bool:
     """SFT starts from trained weights: a `model.path` other than its own output folder
     that loads trained weights."""
@@ -54,7 +60,7 @@ def holds_trained_output(cfg) -> bool:
     """`model.path` is SFT's own output folder and trained weights are already there.
     Named on SFT's command line that is a checkpoint to fine-tune: building it again
     from scratch would write fresh weights over it."""
-    return is_sft_output(cfg) and cfg.model.init == "pretrained" and loads_trained_weights(cfg)
+    return is_sft_output(cfg) and names_trained_weights(cfg)
 
 
 def profile_problem(cfg) -> str | None:
