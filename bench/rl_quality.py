@@ -93,9 +93,11 @@ def run_quality(client: MlflowClient, run, budget_min: float, last: int, window:
     minutes_at = {0: 0.0, **{s: v / 60 for s, v in wall.items()}}
     # The Hydra overrides: a param of their own (older runs were named by them).
     overrides = run.data.params.get("overrides", run.info.run_name)
+    # The last step the row reads from: the budget's (minutes, and steps under --max-step), not the run's end.
+    read = steps_inside(wall, minutes_at, budget_min, max_step)
     row = {"run_id": rid, "run_name": portable(run.info.run_name), "overrides": portable(overrides),
            "seed": run.data.params.get("seed"),
-           "steps": max(wall, default=0), "minutes": round(max(wall.values(), default=0) / 60, 1)}
+           "steps": read[-1] if read else 0, "minutes": round(minutes_at[read[-1]], 1) if read else 0.0}
     for name, key in eval_sets(run.data.metrics).items():
         for suffix in _suffixes(name):
             points = history(client, rid, key + suffix)

@@ -48,7 +48,7 @@ def test_a_logged_run_reads_back_per_set_language_and_reward(tmp_path):
     rows = [q.run_quality(client, r, budget_min=45.0, last=3, window=10)
             for r in client.search_runs([experiment])]
     (row,) = rows
-    assert row["seed"] == "0" and row["steps"] == 100 and row["minutes"] == 50.0
+    assert row["seed"] == "0" and row["steps"] == 90 and row["minutes"] == 45.0   # the run went on to 50 min
     assert row["dev"]["steps"] == [40, 60, 80]               # step 100 is at 50 min
     assert row["dev"]["end"] == pytest.approx(0.24) and row["dev"]["drop"] == pytest.approx(0.2)
     assert row["dev/zh"]["drop"] == pytest.approx(0.0) and "dev/en" not in row
@@ -61,6 +61,7 @@ def test_a_logged_run_reads_back_per_set_language_and_reward(tmp_path):
     (by_step,) = [q.run_quality(client, r, budget_min=45.0, last=3, window=10, max_step=50)
                   for r in client.search_runs([experiment])]
     assert by_step["dev"]["steps"] == [20, 40] and by_step["reward/keyword"] == {"first": 0.4, "last": 0.4}
+    assert (by_step["steps"], by_step["minutes"]) == (50, 25.0)   # the steps column reads the step budget too
     table = q.table(rows)
     assert "30.0 -> 24.0% (+20.0%)" in table and "0.400 -> 0.600" in table
     assert "heldout_conditions/phone CER: start -> end (drop)" in table and "60.0 -> 54.0% (+10.0%)" in table
