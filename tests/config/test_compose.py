@@ -140,6 +140,15 @@ def test_the_objectives_compose_by_name():
     validate_config(_compose(overrides=["algorithm=ppo", "algorithm.policy_loss=gspo_token"]))   # per-token GAE fits
 
 
+def test_the_45_minute_experiment_trains_dr_grpo_and_the_command_line_still_picks_the_objective():
+    adopted = _compose(overrides=["experiment=grpo_45min"]).algorithm
+    assert (adopted.name, adopted.advantage_estimator, adopted.loss_agg) == \
+        ("dr_grpo", "dr_grpo", "seq_mean_token_sum_norm")
+    assert adopted.n_samples_per_prompt == 16   # the experiment's own values land on the adopted objective
+    earlier = _compose(overrides=["experiment=grpo_45min", "algorithm=grpo"]).algorithm
+    assert (earlier.advantage_estimator, earlier.loss_agg, earlier.n_samples_per_prompt) == ("rloo", "token_mean", 16)
+
+
 def test_group_file_with_unknown_key_is_rejected(tmp_path):
     # A user's own group file with a typo fails at composition, not deep inside a run.
     conf = tmp_path / "conf"
